@@ -1,0 +1,170 @@
+"""The accelerator interface: one object answers every device question.
+
+Modelled on DeepSpeed's accelerator abstraction. Everything in megatron_npu that
+needs to know the device type, the collective backend, the RNG, streams or memory
+asks ``get_accelerator()``; no other module names a device or a backend.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+class Accelerator(abc.ABC):
+    """Device questions megatron-core asks, answered for one target."""
+
+    #: ``torch.device`` type of the compute device ("npu", "cuda", "cpu").
+    device_type: str
+    #: torch.distributed backend for compute collectives ("hccl", "nccl", "gloo").
+    communication_backend: str
+    #: Environment variable that restricts the visible devices.
+    visible_devices_envvar: str
+    #: Environment variable of the caching allocator's settings.
+    alloc_conf_envvar: str
+    #: True when the target is upstream CUDA: megatron-core needs no patch.
+    is_upstream: bool = False
+    #: True when the device RNG is the host RNG (cpu target): megatron's warning
+    #: "CPU RNG state changed within GPU RNG context" is then expected.
+    device_rng_is_host_rng: bool = False
+
+    # ----- identity --------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.device_type
+
+    def is_available(self) -> bool:
+        return self.device_count() > 0
+
+    @abc.abstractmethod
+    def device_count(self) -> int: ...
+
+    @abc.abstractmethod
+    def current_device(self) -> int: ...
+
+    @abc.abstractmethod
+    def set_device(self, index: int | str | torch.device) -> None: ...
+
+    def device(self, index: int | None = None) -> torch.device:
+        """The torch.device for ``index`` (default: the current device)."""
+        if self.device_type == "cpu":
+            return torch.device("cpu")
+        return torch.device(self.device_type, self.current_device() if index is None else index)
+
+    def current_device_name(self) -> str:
+        return str(self.device())
+
+    def device_name(self, index: int | None = None) -> str:
+        """Marketing name of the device, used for the MFU peak table."""
+        return self.device_type
+
+    # ----- synchronisation, streams, events ---------------------------------
+    @abc.abstractmethod
+    def synchronize(self, device: Any = None) -> None: ...
+
+    @property
+    @abc.abstractmethod
+    def Stream(self) -> type: ...  # noqa: N802 - mirrors torch.cuda.Stream
+
+    @property
+    @abc.abstractmethod
+    def Event(self) -> type: ...  # noqa: N802 - mirrors torch.cuda.Event
+
+    @abc.abstractmethod
+    def current_stream(self, device: Any = None) -> Any: ...
+
+    @abc.abstractmethod
+    def default_stream(self, device: Any = None) -> Any: ...
+
+    @abc.abstractmethod
+    def stream(self, stream: Any) -> contextlib.AbstractContextManager: ...
+
+    def set_stream(self, stream: Any) -> None:
+        """Make ``stream`` current (a no-op where streams are not real)."""
+
+    # ----- RNG ---------------------------------------------------------------
+    @abc.abstractmethod
+    def get_rng_state(self, device: Any = None) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def set_rng_state(self, state: torch.Tensor, device: Any = None) -> None: ...
+
+    @abc.abstractmethod
+    def manual_seed(self, seed: int) -> None: ...
+
+    def manual_seed_all(self, seed: int) -> None:
+        self.manual_seed(seed)
+
+    @abc.abstractmethod
+    def default_generator(self, index: int | None = None) -> torch.Generator:
+        """The generator megatron's RNG tracker forks (dropout draws from it)."""
+
+    def initial_seed(self) -> int:
+        return self.default_generator().initial_seed()
+
+    # ----- memory -----------------------------------------------------------
+    @abc.abstractmethod
+    def memory_allocated(self, device: Any = None) -> int: ...
+
+    @abc.abstractmethod
+    def max_memory_allocated(self, device: Any = None) -> int: ...
+
+    @abc.abstractmethod
+    def memory_reserved(self, device: Any = None) -> int: ...
+
+    def max_memory_reserved(self, device: Any = None) -> int:
+        return self.memory_reserved(device)
+
+    @abc.abstractmethod
+    def memory_stats(self, device: Any = None) -> dict[str, Any]: ...
+
+    def reset_peak_memory_stats(self, device: Any = None) -> None:
+        """Reset the peak counters (a no-op where none exist)."""
+
+    def empty_cache(self) -> None:
+        """Release cached blocks (a no-op where no caching allocator exists)."""
+
+    def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Page-lock a host tensor for fast copies (identity on the cpu target)."""
+        return tensor.pin_memory()
+
+    def supports_pinned_memory(self) -> bool:
+        return True
+
+    # ----- dtypes, autocast, kernels -----------------------------------------
+    def autocast_device_type(self) -> str:
+        return self.device_type
+
+    def is_bf16_supported(self) -> bool:
+        return True
+
+    def is_fp16_supported(self) -> bool:
+        return True
+
+    def is_fp8_supported(self) -> bool:
+        return False
+
+    def fused_ops(self) -> dict[str, bool]:
+        """Which fused kernels exist on this target, by Megatron's name for them."""
+        return {"flash_attention": False, "rms_norm": False, "swiglu": False, "rotary": False}
+
+    def peak_tflops(self, dtype: torch.dtype = torch.bfloat16) -> float | None:
+        """Dense peak TFLOP/s of one device for MFU, or None when unknown."""
+        return None
+
+    # ----- host tensors megatron-core builds ---------------------------------
+    def tensor_type_prefix(self) -> str:
+        """Prefix of ``Tensor.type()`` for tensors on this target ("torch.npu")."""
+        return f"torch.{self.device_type}" if self.device_type != "cpu" else "torch"
+
+    def versions(self) -> dict[str, str]:
+        """Versions of the device software stack (torch_npu, CANN, CUDA, ...)."""
+        return {}
+
+    def environment_summary(self) -> Iterator[tuple[str, str]]:
+        yield "device_type", self.device_type
+        yield "backend", self.communication_backend

@@ -1,0 +1,156 @@
+"""The npu target: Ascend NPUs through torch_npu, collectives over HCCL.
+
+torch_npu is imported only when this target is selected (it needs CANN). Every
+``torch.npu.*`` / ``torch_npu.*`` name used here is checked against the real
+torch_npu wheel by tests/test_npu_contract.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import torch
+
+from .base import Accelerator
+
+# Dense bf16/fp16 peak TFLOP/s per device, for MFU (Atlas 800T A2: Ascend 910B).
+_NPU_PEAK_BF16 = {"910B": 354.0, "910_93": 354.0}
+
+
+def import_torch_npu() -> Any:
+    """Import torch_npu (registers torch.npu and the hccl backend)."""
+    import torch_npu  # noqa: F401  (optional extra: megatron-npu[npu])
+
+    return torch_npu
+
+
+class NpuAccelerator(Accelerator):
+    device_type = "npu"
+    communication_backend = "hccl"
+    visible_devices_envvar = "ASCEND_RT_VISIBLE_DEVICES"
+    alloc_conf_envvar = "PYTORCH_NPU_ALLOC_CONF"
+
+    def __init__(self) -> None:
+        self._torch_npu = import_torch_npu()
+        self._npu = torch.npu
+
+    def device_count(self) -> int:
+        return self._npu.device_count()
+
+    def current_device(self) -> int:
+        return self._npu.current_device()
+
+    def set_device(self, index: int | str | torch.device) -> None:
+        self._npu.set_device(index)
+
+    def device_name(self, index: int | None = None) -> str:
+        return self._npu.get_device_name(index)
+
+    def synchronize(self, device: Any = None) -> None:
+        self._npu.synchronize(device)
+
+    @property
+    def Stream(self) -> type:  # noqa: N802
+        return self._npu.Stream
+
+    @property
+    def Event(self) -> type:  # noqa: N802
+        return self._npu.Event
+
+    def current_stream(self, device: Any = None) -> Any:
+        return self._npu.current_stream(device)
+
+    def default_stream(self, device: Any = None) -> Any:
+        return self._npu.default_stream(device)
+
+    def stream(self, stream: Any) -> contextlib.AbstractContextManager:
+        return self._npu.stream(stream)
+
+    def set_stream(self, stream: Any) -> None:
+        self._npu.set_stream(stream)
+
+    def get_rng_state(self, device: Any = None) -> torch.Tensor:
+        return self._npu.get_rng_state() if device is None else self._npu.get_rng_state(device)
+
+    def set_rng_state(self, state: torch.Tensor, device: Any = None) -> None:
+        if device is None:
+            self._npu.set_rng_state(state)
+        else:
+            self._npu.set_rng_state(state, device)
+
+    def manual_seed(self, seed: int) -> None:
+        self._npu.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        self._npu.manual_seed_all(seed)
+
+    def default_generator(self, index: int | None = None) -> torch.Generator:
+        return self._npu.default_generators[self.current_device() if index is None else index]
+
+    def memory_allocated(self, device: Any = None) -> int:
+        return self._npu.memory_allocated(device)
+
+    def max_memory_allocated(self, device: Any = None) -> int:
+        return self._npu.max_memory_allocated(device)
+
+    def memory_reserved(self, device: Any = None) -> int:
+        return self._npu.memory_reserved(device)
+
+    def max_memory_reserved(self, device: Any = None) -> int:
+        return self._npu.max_memory_reserved(device)
+
+    def memory_stats(self, device: Any = None) -> dict[str, Any]:
+        return self._npu.memory_stats(device)
+
+    def reset_peak_memory_stats(self, device: Any = None) -> None:
+        self._npu.reset_peak_memory_stats(device)
+
+    def empty_cache(self) -> None:
+        self._npu.empty_cache()
+
+    def is_bf16_supported(self) -> bool:
+        return self._npu.is_bf16_supported()
+
+    def fused_ops(self) -> dict[str, bool]:
+        names = {
+            "flash_attention": "npu_fusion_attention",
+            "rms_norm": "npu_rms_norm",
+            "swiglu": "npu_swiglu",
+            "rotary": "npu_rotary_mul",
+        }
+        return {key: hasattr(self._torch_npu, op) for key, op in names.items()}
+
+    def fused_op(self, name: str) -> Any:
+        """The torch_npu fused kernel ``name`` (e.g. "npu_rms_norm")."""
+        return getattr(self._torch_npu, name)
+
+    def peak_tflops(self, dtype: torch.dtype = torch.bfloat16) -> float | None:
+        if dtype not in (torch.bfloat16, torch.float16):
+            return None
+        name = self.device_name()
+        return next((peak for key, peak in _NPU_PEAK_BF16.items() if key in name), None)
+
+    def versions(self) -> dict[str, str]:
+        found = {"torch_npu": getattr(self._torch_npu, "__version__", "unknown")}
+        cann = _cann_version()
+        if cann:
+            found["cann"] = cann
+        return found
+
+
+def _cann_version() -> str | None:
+    """CANN's version from its install tree (ASCEND_HOME_PATH or the default)."""
+    home = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
+    candidates = [home] if home else []
+    candidates.append("/usr/local/Ascend/ascend-toolkit/latest")
+    for root in candidates:
+        for name in ("version.cfg", "compiler/version.info", "runtime/version.info"):
+            path = os.path.join(root, name)
+            if os.path.isfile(path):
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    for line in handle:
+                        if "version" in line.lower() and "=" in line:
+                            return line.split("=", 1)[1].strip()
+    return None

@@ -1,0 +1,41 @@
+"""The ``megatron-npu`` command: one subcommand per tool.
+
+Each subcommand lives in its own module as ``main(argv) -> int``; this table is
+the only place that names them, so ``megatron-npu --help`` lists them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "doctor": ("megatron_npu.doctor", "target, backend, versions and the applied patches"),
+    "patches": ("megatron_npu.doctor", "list the patch set (alias of doctor --patches)"),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in SUBCOMMANDS)
+    lines = ["usage: megatron-npu COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {summary}" for name, (_, summary) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"megatron-npu: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    if name == "patches":
+        rest = ["--patches", *rest]
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

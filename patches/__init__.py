@@ -1,0 +1,26 @@
+"""The patch set, one module per subsystem (installed as ``megatron_npu.patches``).
+
+Importing this package registers every patch with ``megatron_npu.registry.REGISTRY``;
+``megatron_npu.patch()`` applies them for the selected accelerator. On the cuda
+target no patch applies: megatron-core runs as upstream.
+"""
+
+from . import (  # noqa: F401  (importing registers the patches)
+    device_arguments,
+    distributed,
+    optimizer,
+    pipeline_parallel,
+    tensor_parallel,
+    torch_cuda,
+    transformer,
+)
+
+SUBSYSTEMS = (
+    "device_arguments",
+    "torch_cuda",
+    "distributed",
+    "tensor_parallel",
+    "optimizer",
+    "pipeline_parallel",
+    "transformer",
+)

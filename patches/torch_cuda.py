@@ -1,0 +1,105 @@
+"""The ``torch.cuda`` namespace answered by the accelerator.
+
+megatron-core calls ``torch.cuda.current_device()`` (about 175 call sites),
+``synchronize``, streams, events, memory statistics and the RNG directly. Each
+of those names is pointed at the accelerator, so every call site, including a
+user's GPU script, reaches ``torch.npu`` on the npu target and the host on cpu.
+``torch.cuda.manual_seed`` matters most: left alone on a machine without CUDA
+it is silently queued by ``torch.cuda._lazy_call`` and every TP rank's tracker
+gets the same seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from megatron_npu.accelerator.base import Accelerator
+from megatron_npu.registry import register
+
+SUBSYSTEM = "torch_cuda"
+
+
+def _redirect(name: str, build: Callable[[Accelerator], Any], reason: str, devices: tuple[str, ...] = ("npu", "cpu"), module: str = "torch.cuda") -> None:
+    register(
+        f"{module}.{name}",
+        f"{module}:{name}",
+        reason=reason,
+        subsystem=SUBSYSTEM,
+        devices=devices,
+    )(lambda original, accelerator: build(accelerator))
+
+
+def _method(method: str) -> Callable[[Accelerator], Any]:
+    return lambda accelerator: getattr(accelerator, method)
+
+
+_SAME_NAME = {
+    "current_device": "the index megatron passes as device= is the accelerator's",
+    "set_device": "binds the process to its local accelerator device",
+    "device_count": "counts accelerator devices",
+    "synchronize": "p2p_communication._communicate synchronises after batched p2p",
+    "current_stream": "megatron's overlap paths ask for the current stream",
+    "default_stream": "param_and_grad_buffer waits on the default stream",
+    "stream": "context manager for a communication stream",
+    "set_stream": "combined-1F1B schedule switches streams",
+    "empty_cache": "DDP offload and checkpoint paths free cached memory",
+    "memory_allocated": "memory reports",
+    "max_memory_allocated": "memory reports",
+    "memory_reserved": "memory reports",
+    "max_memory_reserved": "memory reports",
+    "memory_stats": "memory reports",
+    "reset_peak_memory_stats": "memory reports",
+    "get_rng_state": "CudaRNGStatesTracker.add saves the device RNG",
+    "set_rng_state": "CheckpointFunction and the rerun machine restore the device RNG",
+    "manual_seed": "model_parallel_cuda_manual_seed seeds each TP rank differently (silently lost otherwise)",
+    "manual_seed_all": "seeding scripts",
+}
+for _name, _why in _SAME_NAME.items():
+    _redirect(_name, _method(_name), _why)
+
+_redirect("Stream", lambda accelerator: accelerator.Stream, "DDP and schedules create communication streams")
+_redirect("Event", lambda accelerator: accelerator.Event, "timers and the straggler detector record events")
+_redirect(
+    "get_rng_state",
+    _method("get_rng_state"),
+    "_get_cuda_rng_state reads torch.cuda.random.get_rng_state",
+    module="torch.cuda.random",
+)
+_redirect(
+    "is_available",
+    lambda accelerator: accelerator.is_available,
+    "GPU scripts gate their device code on torch.cuda.is_available()",
+    devices=("npu",),
+)
+_redirect(
+    "get_device_name",
+    lambda accelerator: (lambda device=None: accelerator.device_name(device)),
+    "logs and MFU tables name the device",
+    devices=("npu",),
+)
+
+
+def _no_op(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+register(
+    "torch.cuda.nvtx.range_push",
+    "torch.cuda.nvtx:range_push",
+    reason="nvtx ranges (profiling) do not exist off CUDA: no-op",
+    subsystem=SUBSYSTEM,
+)(lambda original, accelerator: _no_op)
+register(
+    "torch.cuda.nvtx.range_pop",
+    "torch.cuda.nvtx:range_pop",
+    reason="nvtx ranges (profiling) do not exist off CUDA: no-op",
+    subsystem=SUBSYSTEM,
+)(lambda original, accelerator: _no_op)
+register(
+    "torch.cuda.nvtx.range",
+    "torch.cuda.nvtx:range",
+    reason="nvtx ranges (profiling) do not exist off CUDA: no-op context",
+    subsystem=SUBSYSTEM,
+)(lambda original, accelerator: (lambda *args, **kwargs: contextlib.nullcontext()))

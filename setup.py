@@ -1,0 +1,36 @@
+"""megatron-npu: Megatron-style GPT pretraining on Ascend NPUs with megatron-core."""
+
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "megatron_npu" / "version.py").read_text()).group(1)
+
+setup(
+    name="megatron-npu",
+    version=VERSION,
+    description="Run Megatron-LM style GPT pretraining on Ascend NPUs with torch_npu and megatron-core",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=[*find_packages(include=["megatron_npu", "megatron_npu.*"]), "megatron_npu.patches"],
+    package_dir={"megatron_npu.patches": "patches"},
+    install_requires=[
+        "torch>=2.4",
+        "megatron-core>=0.16.0,<0.17",
+        "numpy",
+        "packaging",
+        "psutil",
+        "pyyaml",
+        "sentencepiece",
+        "transformers",
+    ],
+    extras_require={
+        "npu": ["torch_npu"],
+        "test": ["pytest>=7", "ruff", "matplotlib", "tensorboard"],
+    },
+    entry_points={"console_scripts": ["megatron-npu=megatron_npu.cli:main"]},
+)
