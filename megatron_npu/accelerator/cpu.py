@@ -140,7 +140,9 @@ class CpuAccelerator(Accelerator):
         torch.set_rng_state(state)
 
     def manual_seed(self, seed: int) -> None:
-        torch.manual_seed(seed)
+        # Not torch.manual_seed: it calls torch.cuda.manual_seed_all, which the
+        # torch_cuda patch points back here.
+        torch.default_generator.manual_seed(int(seed))
 
     def default_generator(self, index: int | None = None) -> torch.Generator:
         return torch.default_generator

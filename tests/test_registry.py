@@ -1,0 +1,143 @@
+"""The patch registry: idempotent, undoable, order-independent, alias-replacing."""
+
+import sys
+import types
+
+import pytest
+import torch
+
+import megatron_npu
+from megatron_npu.accelerator.cpu import CpuAccelerator
+from megatron_npu.registry import Patch, PatchRegistry, original_of
+from megatron_npu.version import UnsupportedMegatronVersion, check_megatron_core
+
+
+def make_module(name: str, **attrs) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    sys.modules[name] = module
+    return module
+
+
+def double(original, accelerator):
+    return lambda x: original(x) * 2
+
+
+@pytest.fixture
+def registry():
+    reg = PatchRegistry()
+    yield reg
+    reg.undo()
+    for name in [n for n in sys.modules if n.startswith("fake_mcore")]:
+        del sys.modules[name]
+
+
+def test_apply_replaces_the_target_and_every_early_bound_alias(registry):
+    def inc(x):
+        return x + 1
+
+    target = make_module("fake_mcore_a", inc=inc)
+    user = make_module("fake_mcore_user", inc=inc, other=inc)
+    registry.register(Patch("inc", "fake_mcore_a:inc", double, "test", "test"))
+    registry.apply(CpuAccelerator())
+    assert target.inc(1) == 4 and user.inc(1) == 4 and user.other(1) == 4
+    assert original_of(target.inc) is inc
+    assert registry.alias_count("inc") == 2
+
+
+def test_apply_is_idempotent(registry):
+    target = make_module("fake_mcore_b", f=lambda x: x)
+    registry.register(Patch("f", "fake_mcore_b:f", double, "test", "test"))
+    registry.apply(CpuAccelerator())
+    registry.apply(CpuAccelerator())
+    assert target.f(1) == 2
+
+
+def test_undo_restores_originals_and_aliases(registry):
+    def f(x):
+        return x
+
+    target = make_module("fake_mcore_c", f=f)
+    user = make_module("fake_mcore_c_user", f=f)
+    registry.register(Patch("f", "fake_mcore_c:f", double, "test", "test"))
+    registry.apply(CpuAccelerator())
+    registry.undo()
+    assert target.f is f and user.f is f
+    assert registry.applied() == []
+    registry.apply(CpuAccelerator())
+    assert target.f(1) == 2
+
+
+def test_module_imported_after_apply_is_patched_on_import(registry, tmp_path, monkeypatch):
+    (tmp_path / "fake_mcore_late.py").write_text("def f(x):\n    return x\n")
+    (tmp_path / "fake_mcore_late_user.py").write_text("from fake_mcore_late import f\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry.register(Patch("late", "fake_mcore_late:f", double, "test", "test"))
+    registry.apply(CpuAccelerator())
+    assert [p.name for p in registry.pending()] == ["late"]
+    import fake_mcore_late_user
+
+    assert fake_mcore_late_user.f(1) == 2
+    assert registry.pending() == []
+
+
+def test_patch_for_another_device_is_not_applied(registry):
+    target = make_module("fake_mcore_d", f=lambda x: x)
+    registry.register(Patch("npu-only", "fake_mcore_d:f", double, "test", "test", devices=("npu",)))
+    registry.apply(CpuAccelerator())
+    assert target.f(1) == 1
+
+
+def test_missing_target_names_the_untested_version(registry):
+    make_module("fake_mcore_e")
+    registry.register(Patch("gone", "fake_mcore_e:vanished", double, "test", "test"))
+    with pytest.raises(AttributeError, match="untested"):
+        registry.apply(CpuAccelerator())
+
+
+def test_version_guard_refuses_untested_megatron_core(monkeypatch):
+    monkeypatch.delenv("MEGATRON_NPU_ALLOW_UNTESTED_MEGATRON", raising=False)
+    with pytest.raises(UnsupportedMegatronVersion, match=r"0\.99\.0 is untested.*>=0\.16\.0"):
+        check_megatron_core("0.99.0")
+    assert check_megatron_core("0.16.1") == "0.16.1"
+
+
+def test_version_guard_override_warns(monkeypatch):
+    monkeypatch.setenv("MEGATRON_NPU_ALLOW_UNTESTED_MEGATRON", "1")
+    with pytest.warns(RuntimeWarning, match="untested"):
+        assert check_megatron_core("0.12.1") == "0.12.1"
+
+
+def test_global_patch_set_maps_cuda_calls_on_cpu_and_unpatch_restores_them():
+    assert megatron_npu.applied_patches(), "import megatron_npu applies the patch set"
+    assert torch.zeros(2, device="cuda").device.type == "cpu"
+    assert torch.ones(1).cuda().device.type == "cpu"
+    assert torch.empty(1, device=torch.cuda.current_device()).device.type == "cpu"
+    megatron_npu.unpatch()
+    try:
+        with pytest.raises((RuntimeError, AssertionError)):
+            torch.zeros(2, device="cuda")
+    finally:
+        megatron_npu.patch()
+    assert torch.zeros(2, device="cuda").device.type == "cpu"
+
+
+def test_nccl_backend_is_mapped_and_gloo_groups_stay_gloo():
+    from megatron_npu.patches.distributed import backend_mapper
+
+    mapped = backend_mapper(CpuAccelerator())
+    assert mapped("nccl") == "gloo"
+    assert mapped("gloo") == "gloo"
+    assert mapped(None) is None
+    assert mapped("cpu:gloo,cuda:nccl") == "cpu:gloo"
+
+
+def test_tensor_type_reports_cuda_names_only_inside_megatron_checks():
+    from megatron.core.optimizer import clip_grads
+
+    param = torch.nn.Parameter(torch.ones(3))
+    param.grad = torch.ones(3)
+    assert param.type() == "torch.FloatTensor"
+    # clip_grad_by_total_norm_fp32 asserts grad.type() == 'torch.cuda.FloatTensor'
+    clip_grads.clip_grad_by_total_norm_fp32([param], max_norm=1.0, total_norm=2.0)
+    assert torch.allclose(param.grad, torch.full((3,), 0.5), atol=1e-6)
