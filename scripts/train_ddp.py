@@ -85,8 +85,8 @@ def main() -> None:
         if dist.get_rank() == 0:
             print(f"epoch {epoch} | loss {mean:.4f} | backend {dist.get_backend()} | device {device}", flush=True)
     checksum = sum(p.detach().double().sum().item() for p in model.parameters())
-    print("RESULT " + json.dumps({"rank": dist.get_rank(), "losses": losses, "checksum": checksum,
-                                  "backend": dist.get_backend()}), flush=True)  # fmt: skip
+    result = {"rank": dist.get_rank(), "losses": losses, "checksum": checksum, "backend": dist.get_backend()}
+    os.write(1, f"RESULT {json.dumps(result)}\n".encode())  # one write: ranks share stdout
     dist.destroy_process_group()
 
 

@@ -8,5 +8,5 @@ def test_ddp_loop_trains_and_keeps_replicas_identical():
     assert set(results) == {0, 1}
     assert {r["backend"] for r in results.values()} == {"gloo"}
     losses = results[0]["losses"]
-    assert losses[-1] < losses[0] * 0.9, losses
+    assert losses[-1] < losses[0] * 0.95, losses
     assert results[0]["checksum"] == results[1]["checksum"], "DDP replicas diverged"

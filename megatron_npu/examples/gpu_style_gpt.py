@@ -171,7 +171,7 @@ def main() -> None:
               "backend": dist.get_backend()}  # fmt: skip
     if args.rng_probe:
         result["rng"] = rng_probe()
-    print("RESULT " + json.dumps(result), flush=True)
+    os.write(1, f"RESULT {json.dumps(result)}\n".encode())  # one write: ranks share stdout
     dist.destroy_process_group()
 
 
