@@ -1,0 +1,115 @@
+"""The npu target against the real torch_npu 2.14.0 wheel, read but never imported.
+
+Every ``torch.npu.X`` the NpuAccelerator calls (``self._npu.X``) and every torch_npu
+fused op it names must exist in the wheel's Python sources. The names are found by
+scanning our own source, so a newly used symbol is checked automatically.
+"""
+
+import ast
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WHEEL_SPEC = "torch_npu==2.14.0"
+CACHE = Path(os.environ.get("MEGATRON_NPU_WHEEL_CACHE", Path.home() / ".cache" / "megatron-npu" / "wheels"))
+
+
+@pytest.fixture(scope="module")
+def wheel() -> zipfile.ZipFile:
+    found = sorted(CACHE.glob("torch_npu-2.14.0-*.whl"))
+    if not found:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable, "-m", "pip", "download", "--no-deps", WHEEL_SPEC, "--python-version", "3.11",
+            "--platform", "manylinux_2_28_x86_64", "--only-binary=:all:", "-d", str(CACHE), "-q",
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        found = sorted(CACHE.glob("torch_npu-2.14.0-*.whl"))
+        if not found:
+            pytest.skip(f"could not download {WHEEL_SPEC}: {done.stderr.strip()[-300:]}")
+    return zipfile.ZipFile(found[0])
+
+
+def module_names(wheel: zipfile.ZipFile, path: str) -> set[str]:
+    """Names a module defines: functions, classes, assignments, imports and __all__."""
+    tree = ast.parse(wheel.read(path).decode())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    names.add(target.id)
+                if isinstance(target, ast.Name) and target.id == "__all__" and isinstance(node.value, ast.List):
+                    names |= {elt.value for elt in node.value.elts if isinstance(elt, ast.Constant)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.ImportFrom):
+            names |= {alias.asname or alias.name for alias in node.names}
+    return names
+
+
+def npu_attributes_used() -> set[str]:
+    """Every ``self._npu.X`` in the npu accelerator."""
+    tree = ast.parse((ROOT / "megatron_npu" / "accelerator" / "npu.py").read_text())
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "_npu"
+    }
+
+
+def fused_ops_named() -> set[str]:
+    """The torch_npu op names NpuAccelerator.fused_ops() maps to."""
+    tree = ast.parse((ROOT / "megatron_npu" / "accelerator" / "npu.py").read_text())
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("npu_")
+    }
+
+
+def registered_ops(wheel: zipfile.ZipFile) -> dict[str, list[str]]:
+    """torch_npu's fused ops with their argument names, from the meta registrations."""
+    tree = ast.parse(wheel.read("torch_npu/op_plugin/meta/_meta_registrations.py").decode())
+    ops: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for decorator in node.decorator_list:
+            if isinstance(decorator, ast.Call) and len(decorator.args) >= 2 and isinstance(decorator.args[1], ast.Constant):
+                arguments = [a.arg for a in node.args.args + node.args.kwonlyargs]
+                ops[decorator.args[1].value] = arguments
+    return ops
+
+
+def test_every_torch_npu_namespace_symbol_we_call_exists(wheel):
+    used = npu_attributes_used()
+    assert {"current_device", "set_device", "synchronize", "get_rng_state", "manual_seed"} <= used
+    available = module_names(wheel, "torch_npu/npu/__init__.py")
+    missing = sorted(used - available)
+    assert not missing, f"torch.npu has no {missing} in torch_npu 2.14.0"
+
+
+def test_every_fused_op_we_name_exists_with_the_documented_arguments(wheel):
+    ops = registered_ops(wheel)
+    named = fused_ops_named()
+    assert named == {"npu_fusion_attention", "npu_rms_norm", "npu_swiglu", "npu_rotary_mul"}
+    assert not sorted(named - set(ops)), "fused op missing from torch_npu 2.14.0"
+    assert ops["npu_fusion_attention"][:5] == ["query", "key", "value", "head_num", "input_layout"]
+    assert {"atten_mask", "scale", "keep_prob", "pre_tockens", "next_tockens", "sparse_mode"} <= set(ops["npu_fusion_attention"])
+    assert ops["npu_rms_norm"][1:] == ["gamma", "epsilon"]
+    assert ops["npu_swiglu"] == ["x", "dim"]
+
+
+def test_the_hccl_backend_is_registered_by_the_wheel(wheel):
+    sources = [name for name in wheel.namelist() if name.startswith("torch_npu/") and name.endswith(".py")]
+    assert any(b'"hccl"' in wheel.read(name) or b"'hccl'" in wheel.read(name) for name in sources if "distributed" in name)
