@@ -12,6 +12,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("megatron_npu.demo", "doctor, then a small GPT trained with TP2 x PP2 (4 ranks)"),
     "doctor": ("megatron_npu.doctor", "target, backend, versions and the applied patches"),
+    "preprocess": ("megatron_npu.data.preprocess", "jsonl -> Megatron .bin/.idx (preprocess_data.py flags)"),
     "patches": ("megatron_npu.doctor", "list the patch set (alias of doctor --patches)"),
 }
 

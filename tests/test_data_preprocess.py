@@ -1,0 +1,65 @@
+"""Round trip, determinism across workers, bad input, and tokenizer errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_npu.data import DEMO_TOKENIZER_MODEL
+from megatron_npu.data.preprocess import main, parse_args, run
+from megatron_npu.data.tokenizers import TokenizerError, build_tokenizer, pad_vocab_size
+
+TEXTS = ["Hello world, this is a test.", "Second document\nwith a newline.", "x" * 50]
+
+
+def _args(inp, out, *extra):
+    return ["--input", str(inp), "--output-prefix", str(out), "--tokenizer-type",
+            "GPTSentencePieceTokenizer", "--tokenizer-model", DEMO_TOKENIZER_MODEL, *extra]
+
+
+def test_round_trip_and_workers(tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 200))
+    tok = build_tokenizer("GPTSentencePieceTokenizer", tokenizer_model=DEMO_TOKENIZER_MODEL)
+    for w in (1, 2):
+        r = run(parse_args(_args(inp, tmp_path / f"w{w}", "--append-eod", "--keep-newlines", "--workers", str(w))))
+        assert r["docs"] == 600 and not r["problems"]
+    ds = IndexedDataset(str(tmp_path / "w1_text_document"))
+    assert len(ds) == 600
+    for i in range(3):
+        ids = ds[i].tolist()
+        assert ids[-1] == tok.eod
+        # SentencePiece normalisation (nmt_nfkc) turns "\n" into a space
+        assert tok.detokenize(ids[:-1]) == TEXTS[i].replace("\n", " ")
+    for ext in (".bin", ".idx"):
+        a = (tmp_path / f"w1_text_document{ext}").read_bytes()
+        assert a == (tmp_path / f"w2_text_document{ext}").read_bytes()
+
+
+def test_bad_input(tmp_path, capsys):
+    inp = tmp_path / "bad.jsonl"
+    inp.write_bytes(b'{"text": "good"}\n{bad json\n{"other": 1}\n{"text": "\xff\xfe"}\n{"text": ""}\n')
+    r = run(parse_args(_args(inp, tmp_path / "o")))
+    assert r["docs"] == 1
+    assert r["problems"] == {"malformed JSON": [2], "missing key": [3], "non-UTF-8 bytes": [4],
+                             "empty document": [5]}
+    assert main(_args(inp, tmp_path / "o")) == 0
+    assert main(_args(inp, tmp_path / "o", "--strict")) == 1
+    assert "malformed JSON" in capsys.readouterr().err
+
+
+def test_tokenizer_errors(tmp_path):
+    with pytest.raises(TokenizerError, match="--tokenizer-model"):
+        build_tokenizer("GPTSentencePieceTokenizer")
+    junk = tmp_path / "junk.model"
+    junk.write_text("not a model")
+    with pytest.raises(TokenizerError, match="--tokenizer-model"):
+        build_tokenizer("SentencePieceTokenizer", tokenizer_model=str(junk))
+    with pytest.raises(TokenizerError, match="--vocab-file"):
+        build_tokenizer("GPT2BPETokenizer")
+    assert pad_vocab_size(50257, 128, 2) == 50432
+    null = build_tokenizer("NullTokenizer", vocab_size=100)
+    assert null.vocab_size == 101 and null.eod == 100
