@@ -7,8 +7,8 @@
   crosses them (NVIDIA/Megatron-LM#750, #1450). Megatron-LM's trainer asserts;
   megatron-core does not. The config is set to ``overlap_p2p_comm=True,
   batch_p2p_comm=False`` there, which is exact.
-* On npu, separate isend/irecv is faster than batch_isend_irecv over HCCL
-  (MindSpeed sets ``batch_p2p_comm=False`` for PP>=2), so it is turned off there.
+* Where the accelerator prefers separate isend/irecv (HCCL: MindSpeed sets
+  ``batch_p2p_comm=False`` for PP>=2), batched p2p is turned off.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def needs_unbatched_p2p(config: Any, prefer_unbatched: bool) -> bool:
     subsystem=SUBSYSTEM,
 )
 def _post_init(original: Callable, accelerator: Accelerator) -> Callable:
-    prefer_unbatched = accelerator.device_type == "npu"
+    prefer_unbatched = accelerator.prefers_unbatched_p2p
 
     @functools.wraps(original)
     def __post_init__(self: Any) -> None:  # noqa: N807

@@ -28,6 +28,9 @@ class Accelerator(abc.ABC):
     alloc_conf_envvar: str
     #: True when the target is upstream CUDA: megatron-core needs no patch.
     is_upstream: bool = False
+    #: True when separate isend/irecv beats batch_isend_irecv for pipeline p2p
+    #: (HCCL: MindSpeed turns batched p2p off for PP>=2 on Ascend).
+    prefers_unbatched_p2p: bool = False
     #: True when the device RNG is the host RNG (cpu target): megatron's warning
     #: "CPU RNG state changed within GPU RNG context" is then expected.
     device_rng_is_host_rng: bool = False

@@ -31,6 +31,7 @@ class NpuAccelerator(Accelerator):
     communication_backend = "hccl"
     visible_devices_envvar = "ASCEND_RT_VISIBLE_DEVICES"
     alloc_conf_envvar = "PYTORCH_NPU_ALLOC_CONF"
+    prefers_unbatched_p2p = True
 
     def __init__(self) -> None:
         self._torch_npu = import_torch_npu()
