@@ -19,6 +19,7 @@ from pathlib import Path
 from . import doctor
 
 EXAMPLE = Path(__file__).parent / "examples" / "gpu_style_gpt.py"
+RESULT_PREFIX = "RESULT "  # the example prints one such JSON line per rank
 
 
 def _free_port() -> int:
@@ -29,7 +30,7 @@ def _free_port() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="megatron-npu demo", description=__doc__)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--nproc", type=int, default=4)
@@ -46,7 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     ]  # fmt: skip
     print("+ " + " ".join(command), flush=True)
     completed = subprocess.run(command, env=env, capture_output=True, text=True)
-    losses = [json.loads(line[7:])["losses"] for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+    losses = [
+        json.loads(line[len(RESULT_PREFIX) :])["losses"]
+        for line in completed.stdout.splitlines()
+        if line.startswith(RESULT_PREFIX)
+    ]
     losses = next((item for item in losses if item), None)
     if completed.returncode != 0 or not losses:
         sys.stderr.write(completed.stderr[-4000:])
