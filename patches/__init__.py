@@ -8,6 +8,7 @@ target no patch applies: megatron-core runs as upstream.
 from . import (  # noqa: F401  (importing registers the patches)
     device_arguments,
     distributed,
+    fused_ops,
     optimizer,
     pipeline_parallel,
     tensor_parallel,
@@ -23,4 +24,5 @@ SUBSYSTEMS = (
     "optimizer",
     "pipeline_parallel",
     "transformer",
+    "fused_ops",
 )

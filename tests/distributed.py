@@ -12,6 +12,8 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +75,48 @@ def torchrun(
         *torchrun_args, str(script), *args,
     ]  # fmt: skip
     return run(command, timeout=timeout, env=env, cwd=cwd)
+
+
+def torchrun_nodes(
+    script: str | Path,
+    *args: str,
+    nnodes: int,
+    nproc_per_node: int,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+) -> list[Job]:
+    """``nnodes`` torchrun agents on this machine (``--node_rank`` 0..n-1, one rendezvous on
+    127.0.0.1): a multi-node job as the launcher sees it. Returns one Job per node."""
+    port = free_port()
+    processes, logs = [], []
+    for node_rank in range(nnodes):
+        command = [
+            sys.executable, "-m", "torch.distributed.run",
+            f"--nproc_per_node={nproc_per_node}", f"--nnodes={nnodes}", f"--node_rank={node_rank}",
+            "--master_addr=127.0.0.1", f"--master_port={port}", str(script), *args,
+        ]  # fmt: skip
+        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # pipes could fill and stall a node
+        logs.append((out, err))
+        processes.append(
+            subprocess.Popen(command, env=env or base_env(), cwd=str(ROOT), stdout=out, stderr=err,
+                             stdin=subprocess.DEVNULL, text=True)  # fmt: skip
+        )
+    deadline = time.monotonic() + timeout
+    try:
+        for process in processes:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    jobs = []
+    for process, (out, err) in zip(processes, logs, strict=True):
+        out.seek(0)
+        err.seek(0)
+        jobs.append(Job(process.returncode, out.read(), err.read()))
+        out.close()
+        err.close()
+    return jobs
 
 
 def run(command: list[str], timeout: float = 600, env: dict[str, str] | None = None, cwd: str | Path | None = None) -> Job:

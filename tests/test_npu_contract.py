@@ -106,8 +106,11 @@ def test_every_fused_op_we_name_exists_with_the_documented_arguments(wheel):
     assert not sorted(named - set(ops)), "fused op missing from torch_npu 2.14.0"
     assert ops["npu_fusion_attention"][:5] == ["query", "key", "value", "head_num", "input_layout"]
     assert {"atten_mask", "scale", "keep_prob", "pre_tockens", "next_tockens", "sparse_mode"} <= set(ops["npu_fusion_attention"])
+    # megatron_npu/ops/fused.py calls: kernel(x, weight, epsilon=eps), kernel(x, dim=-1), kernel(t, cos, sin)
     assert ops["npu_rms_norm"][1:] == ["gamma", "epsilon"]
     assert ops["npu_swiglu"] == ["x", "dim"]
+    assert ops["npu_rotary_mul"][:4] == ["embedding", "cosine", "sine", "mode"]  # mode defaults to 'half'
+    assert "mode='half'" in wheel.read("torch_npu/op_plugin/meta/_meta_registrations.py").decode()
 
 
 def test_the_hccl_backend_is_registered_by_the_wheel(wheel):

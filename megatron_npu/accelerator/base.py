@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -34,6 +34,14 @@ class Accelerator(abc.ABC):
     #: True when the device RNG is the host RNG (cpu target): megatron's warning
     #: "CPU RNG state changed within GPU RNG context" is then expected.
     device_rng_is_host_rng: bool = False
+    #: True when TorchScript fuses megatron-core's jit fusions (bias-gelu, bias-swiglu,
+    #: bias-dropout-add) into device kernels. Off elsewhere: the fuser has no npu
+    #: backend, and on cpu its first call compiles for about 30 s.
+    supports_jit_fusion: bool = False
+    #: True when an async p2p send is ordered on the device stream, so its buffer may
+    #: be freed right after the call (megatron's deallocate_pipeline_outputs). Gloo
+    #: (cpu) reads the buffer later: freeing it early sends garbage.
+    stream_ordered_p2p: bool = True
 
     # ----- identity --------------------------------------------------------
     @property
@@ -154,6 +162,10 @@ class Accelerator(abc.ABC):
     def fused_ops(self) -> dict[str, bool]:
         """Which fused kernels exist on this target, by Megatron's name for them."""
         return {"flash_attention": False, "rms_norm": False, "swiglu": False, "rotary": False}
+
+    def fused_kernel(self, key: str) -> Callable | None:
+        """The device kernel for fusion ``key`` of fused_ops(), or None (use the torch math)."""
+        return None
 
     def peak_tflops(self, dtype: torch.dtype = torch.bfloat16) -> float | None:
         """Dense peak TFLOP/s of one device for MFU, or None when unknown."""

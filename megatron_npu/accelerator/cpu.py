@@ -88,6 +88,7 @@ class CpuAccelerator(Accelerator):
     visible_devices_envvar = "CUDA_VISIBLE_DEVICES"
     alloc_conf_envvar = "PYTORCH_CUDA_ALLOC_CONF"
     device_rng_is_host_rng = True
+    stream_ordered_p2p = False
 
     def __init__(self) -> None:
         self._current = 0

@@ -19,6 +19,7 @@ class CudaAccelerator(Accelerator):
     visible_devices_envvar = "CUDA_VISIBLE_DEVICES"
     alloc_conf_envvar = "PYTORCH_CUDA_ALLOC_CONF"
     is_upstream = True
+    supports_jit_fusion = True
 
     def device_count(self) -> int:
         return torch.cuda.device_count()

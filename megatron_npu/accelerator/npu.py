@@ -26,6 +26,16 @@ def import_torch_npu() -> Any:
     return torch_npu
 
 
+# Megatron's name for a fusion -> the torch_npu kernel (signatures in torch_npu 2.14's
+# op_plugin meta registrations; tests/test_npu_contract.py checks them in the wheel).
+_FUSED_KERNELS = {
+    "flash_attention": "npu_fusion_attention",
+    "rms_norm": "npu_rms_norm",  # (x, gamma, epsilon) -> (y, rstd)
+    "swiglu": "npu_swiglu",  # (x, dim) -> silu(first half) * second half
+    "rotary": "npu_rotary_mul",  # (embedding, cosine, sine, mode='half') -> x * cos + rotate_half(x) * sin
+}
+
+
 class NpuAccelerator(Accelerator):
     device_type = "npu"
     communication_backend = "hccl"
@@ -115,17 +125,11 @@ class NpuAccelerator(Accelerator):
         return self._npu.is_bf16_supported()
 
     def fused_ops(self) -> dict[str, bool]:
-        names = {
-            "flash_attention": "npu_fusion_attention",
-            "rms_norm": "npu_rms_norm",
-            "swiglu": "npu_swiglu",
-            "rotary": "npu_rotary_mul",
-        }
-        return {key: hasattr(self._torch_npu, op) for key, op in names.items()}
+        return {key: hasattr(self._torch_npu, op) for key, op in _FUSED_KERNELS.items()}
 
-    def fused_op(self, name: str) -> Any:
-        """The torch_npu fused kernel ``name`` (e.g. "npu_rms_norm")."""
-        return getattr(self._torch_npu, name)
+    def fused_kernel(self, key: str) -> Any:
+        op = _FUSED_KERNELS.get(key)
+        return getattr(self._torch_npu, op, None) if op else None
 
     def peak_tflops(self, dtype: torch.dtype = torch.bfloat16) -> float | None:
         if dtype not in (torch.bfloat16, torch.float16):

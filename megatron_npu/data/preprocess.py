@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import gzip
 import json
 import multiprocessing as mp
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
 
 from megatron_npu.data.tokenizers import TOKENIZER_TYPES, TokenizerError, build_tokenizer
 
 BATCH = 256
+WINDOW_PER_WORKER = 4  # batches in flight per worker: bounds memory whatever the corpus size
 _TOK: Any = None
 _ARGS: Any = None
 
@@ -37,9 +40,33 @@ def _init(a: Any) -> None:
     _TOK = build_tokenizer(a.tokenizer_type, **_tok_args(a))
 
 
+def _dtype(tok: Any) -> Any:
+    import numpy as np
+
+    return np.uint16 if tok.vocab_size < 65500 else np.int32  # Megatron's DType.optimal_dtype
+
+
+def _bounded_imap(pool: Any, fn: Callable, items: Iterator, window: int) -> Iterator:
+    """Ordered like Pool.imap, but at most `window` batches submitted and not yet consumed.
+
+    Pool.imap queues every finished result in an unbounded deque, so when the writer falls
+    behind (a busy host) memory grows with the corpus; this keeps it flat.
+    """
+    pending: deque = deque()
+    for item in items:
+        pending.append(pool.apply_async(fn, (item,)))
+        if len(pending) >= window:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
 def _encode(batch: list[tuple[int, bytes]]) -> list[tuple[int, Any, int]]:
     """Per line: (lineno, {key: ids} or problem string, nbytes)."""
+    import numpy as np
+
     a, tok = _ARGS, _TOK
+    dtype = _dtype(tok)
     parsed: list[tuple[int, Any, int]] = []
     for lineno, raw in batch:
         try:
@@ -74,7 +101,8 @@ def _encode(batch: list[tuple[int, bytes]]) -> list[tuple[int, Any, int]]:
             if a.append_eod:
                 for v in ids.values():
                     v.append(tok.eod)
-            out.append((lineno, ids, n))
+            # arrays in the token dtype: 2-4 bytes a token to pickle back, not ~36 for a list
+            out.append((lineno, {k: np.asarray(v, dtype=dtype) for k, v in ids.items()}, n))
         else:
             out.append((lineno, val, n))
     return out
@@ -89,6 +117,17 @@ def _batches(path: str) -> Iterator[list[tuple[int, bytes]]]:
             if not b:
                 return
             yield b
+
+
+def _check_split_sentences() -> None:
+    """Megatron-LM splits with NLTK's punkt; refuse clearly rather than write unsplit data."""
+    try:
+        import nltk  # noqa: F401
+    except ImportError:
+        raise TokenizerError("--split-sentences needs NLTK, which is not installed "
+                             "(pip install nltk); or drop --split-sentences") from None
+    raise TokenizerError("--split-sentences is not supported by megatron-npu yet; "
+                         "drop it (GPT pretraining uses whole documents)")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -106,19 +145,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--log-interval", type=int, default=10000)
     p.add_argument("--keep-newlines", action="store_true")
+    p.add_argument("--split-sentences", action="store_true",
+                   help="Megatron-LM's NLTK sentence splitting (needs nltk; not supported yet)")
     p.add_argument("--strict", action="store_true")
     return p.parse_args(argv)
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
-    import numpy as np
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     tok = build_tokenizer(a.tokenizer_type, **_tok_args(a))  # fail before any work
+    if getattr(a, "split_sentences", False):
+        _check_split_sentences()
     if not os.path.exists(a.input):
         raise TokenizerError(f"--input {a.input}: no such file")
-    # Megatron's DType.optimal_dtype: uint16 below 65500
-    dtype = np.uint16 if tok.vocab_size < 65500 else np.int32
+    dtype = _dtype(tok)
     builders, final = {}, {}
     for k in a.json_keys:
         final[k] = f"{a.output_prefix}_{k}_document"
@@ -126,31 +167,44 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     problems: dict[str, list[int]] = {}
     docs = toks = nbytes = 0
     t0 = time.time()
-    pool = mp.get_context("fork").Pool(a.workers, _init, (a,)) if a.workers > 1 else None
+    pool = None
+    if a.workers > 1:
+        # Keep the garbage collector off the inherited heap (imports, ~300 MB with
+        # megatron-core) so forked workers do not copy-on-write it page by page.
+        gc.freeze()
+        pool = mp.get_context("fork").Pool(a.workers, _init, (a,))
     if pool is None:
         _init(a)
         results = map(_encode, _batches(a.input))
     else:
-        results = pool.imap(_encode, _batches(a.input), chunksize=1)  # ordered: deterministic
+        # ordered (deterministic output) and bounded (flat memory)
+        results = _bounded_imap(pool, _encode, _batches(a.input), WINDOW_PER_WORKER * a.workers)
     next_log = a.log_interval
-    for res in results:
-        for lineno, val, n in res:
-            nbytes += n
-            if isinstance(val, str):
-                problems.setdefault(val, []).append(lineno)
-                continue
-            docs += 1
-            for k, ids in val.items():
-                builders[k].add_document(ids, [len(ids)])
-                toks += len(ids)
-        if docs >= next_log:
-            next_log += a.log_interval
-            dt = max(time.time() - t0, 1e-9)
-            print(f"processed {docs} docs ({docs/dt:.0f} docs/s, {toks/dt:.0f} tokens/s, "
-                  f"{nbytes/dt/1e6:.2f} MB/s)", file=sys.stderr)
-    if pool is not None:
-        pool.close()
-        pool.join()
+    try:
+        for res in results:
+            for lineno, val, n in res:
+                nbytes += n
+                if isinstance(val, str):
+                    problems.setdefault(val, []).append(lineno)
+                    continue
+                docs += 1
+                for k, ids in val.items():
+                    builders[k].add_document(ids, [len(ids)])
+                    toks += len(ids)
+            if docs >= next_log:
+                next_log += a.log_interval
+                dt = max(time.time() - t0, 1e-9)
+                print(f"processed {docs} docs ({docs/dt:.0f} docs/s, {toks/dt:.0f} tokens/s, "
+                      f"{nbytes/dt/1e6:.2f} MB/s)", file=sys.stderr)
+    except BaseException:
+        if pool is not None:
+            pool.terminate()  # a failed run must not leave workers behind
+        raise
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+            gc.unfreeze()
     for k, b in builders.items():
         b.finalize(final[k] + ".idx.tmp")
         os.replace(final[k] + ".bin.tmp", final[k] + ".bin")  # rename last: no half-written dataset

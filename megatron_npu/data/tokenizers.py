@@ -125,27 +125,57 @@ class SentencePieceTokenizer(_Base):
     def vocab_size(self) -> int:
         return len(self._vocab)
 
+    @property
+    def eos(self) -> int:
+        return self.eos_id  # Megatron-LM: the model's own </s>, distinct from the added <EOD>
+
     def tokenize(self, text: str) -> list[int]:
-        return self.sp.encode(text)
+        # Megatron-LM: a special token's literal text ("<EOD>", "</s>", ...) becomes its id;
+        # the text between is encoded by SentencePiece. Earliest match first; on a tie the
+        # first-added special wins.
+        ids: list[int] = []
+        idx = 0
+        while True:
+            best, pos = None, -1
+            for t in self._special:
+                j = text.find(t, idx)
+                if j >= 0 and (pos < 0 or j < pos):
+                    best, pos = t, j
+            if best is None:
+                break
+            ids.extend(self.sp.encode(text[idx:pos]))
+            ids.append(self._special[best])
+            idx = pos + len(best)
+        ids.extend(self.sp.encode(text[idx:]))
+        return ids
 
     def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        return self.sp.encode(texts)  # one C++ call for the batch
+        # One C++ call for the texts with no special-token literal. num_threads=1: parallelism
+        # comes from --workers processes (sentencepiece would otherwise use every core per
+        # worker, oversubscribing the host and making --workers meaningless).
+        plain = [i for i, t in enumerate(texts) if not any(s in t for s in self._special)]
+        out: list[list[int]] = [[] for _ in texts]
+        if plain:
+            encoded = self.sp.encode([texts[i] for i in plain], num_threads=1)
+            for i, ids in zip(plain, encoded, strict=True):
+                out[i] = ids
+        if len(plain) < len(texts):
+            done = set(plain)
+            for i, t in enumerate(texts):
+                if i not in done:
+                    out[i] = self.tokenize(t)
+        return out
 
     def detokenize(self, ids: Any) -> str:
+        # Megatron-LM's format: each special token is written as " <TOKEN> ".
         ids = [int(i) for i in ids]
-        n = self.sp.get_piece_size()
-        out, run = [], []
-        for i in ids:
-            if i < n and i not in self._special.values():
-                run.append(i)
-            else:
-                if run:
-                    out.append(self.sp.decode(run))
-                    run = []
-                out.append(self._inv[i])
-        if run:
-            out.append(self.sp.decode(run))
-        return "".join(out)
+        inv_special = {i: t for t, i in self._special.items()}
+        text, last = "", 0
+        for k, i in enumerate(ids):
+            if i in inv_special:
+                text += self.sp.decode(ids[last:k]) + " " + inv_special[i] + " "
+                last = k + 1
+        return text + self.sp.decode(ids[last:])
 
 
 class GPTSentencePieceTokenizer(SentencePieceTokenizer):
@@ -155,12 +185,18 @@ class GPTSentencePieceTokenizer(SentencePieceTokenizer):
         sp = self.sp
         self.pad = sp.pad_id()
         self.bos = sp.bos_id()
-        self.eod = sp.eos_id()
+        self.eod = self.eos_id = sp.eos_id()
         self.cls = self.sep = self.mask = -1
 
     @property
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.sp.encode(text)
+
+    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.sp.encode(texts, num_threads=1)  # see SentencePieceTokenizer.tokenize_batch
 
     def detokenize(self, ids: Any) -> str:
         return self.sp.decode([int(i) for i in ids])
@@ -174,7 +210,7 @@ class Llama2Tokenizer(GPTSentencePieceTokenizer):
         return ([self.bos] if bos else []) + ids + ([self.eod] if eos else [])
 
     def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        return [[self.bos, *ids] for ids in self.sp.encode(texts)]
+        return [[self.bos, *ids] for ids in self.sp.encode(texts, num_threads=1)]
 
 
 class HuggingFaceTokenizer(_Base):
@@ -194,11 +230,14 @@ class HuggingFaceTokenizer(_Base):
     def vocab_size(self) -> int:
         return len(self.tok)
 
+    # Megatron-LM's _HuggingFaceTokenizer calls the tokenizer with its defaults, i.e. with the
+    # post-processor's special tokens (a Llama-3 tokenizer prepends <|begin_of_text|>), and its
+    # preprocess_data.py stores exactly that: do the same so datasets match.
     def tokenize(self, text: str) -> list[int]:
-        return self.tok(text, add_special_tokens=False)["input_ids"]
+        return self.tok(text)["input_ids"]
 
     def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        return self.tok(texts, add_special_tokens=False)["input_ids"]
+        return self.tok(texts)["input_ids"]
 
     def detokenize(self, ids: Any) -> str:
         return self.tok.decode([int(i) for i in ids])

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import torch
 
-NORMS = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}
+from megatron_npu.ops.fused import RMSNorm
+
+NORMS = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": RMSNorm}
 
 
 class SequenceParallelTorchNorm:
-    """Builds ``torch.nn.LayerNorm`` / ``RMSNorm`` from a TransformerConfig."""
+    """Builds ``torch.nn.LayerNorm`` / ``RMSNorm`` (fused where the device has it) from a TransformerConfig."""
 
     def __new__(
         cls,

@@ -1,0 +1,492 @@
+"""Communication planner: what each rank passes to torch.distributed per training iteration.
+
+Definitions (shared with ``megatron_npu.perf.comm.CommCounter`` so a plan can be checked
+against a measured run):
+
+* **payload bytes**: ``numel * element_size`` of the tensor(s) a rank hands to a
+  torch.distributed collective or p2p call: the input of all_reduce / broadcast, the
+  *input shard* of all_gather(_into_tensor), the *full input* of reduce_scatter(_tensor),
+  the tensor of send/isend and of recv/irecv (receives count too).
+* **wire bytes** (separate column): what a ring algorithm makes this rank send:
+  all-reduce 2(g-1)/g*N, all-gather (g-1)*shard, reduce-scatter (g-1)/g*N, send N, recv 0.
+  A collective whose group spans nodes is counted as inter-node traffic (a ring runs at
+  the pace of its slowest link); p2p goes by the peer's node.
+
+Process-group labels are the ones the trainer hands to ``CommCounter.label_groups``:
+tp, pp, dp_cp (DDP reduces gradients over data-parallel *with* context-parallel), dp (the
+trainer's loss report), embd, mp (tensor x pipeline, grad-norm all-reduce without the distributed optimizer) and dist_opt
+(``parallel_state.get_intra_distributed_optimizer_instance_group()``, grad norm with it).
+
+What is modelled, from megatron-core 0.16 (local spec, GPT): per layer 2 row-parallel
+all-reduces forward and 2 column-parallel dgrad all-reduces backward; with sequence
+parallelism 2 all-gathers + 2 reduce-scatters forward, and backward 2 recomputed
+all-gathers + 2 reduce-scatters (column) + 2 all-gathers (row); the vocab-parallel
+embedding's forward reduction; the output layer's column-parallel communication; the
+vocab-parallel cross-entropy's 3 fp32 all-reduces of [s, b] (called even when TP=1); the
+SP norm/bias gradient all-reduce; 1F1B p2p (one activation and one gradient per microbatch
+per boundary); DDP's per-bucket all-reduce or reduce-scatter of the grad buffer (padded as
+the distributed optimizer pads it) and its param all-gather; the tied-embedding gradient
+all-reduce; the 1-float grad-norm all-reduce; the trainer's 1-float loss all-reduce over dp
+on the last stage (megatron_npu.training; one reported key assumed). Full recomputation of
+every layer is an option (unverified). Not modelled: partial recomputation, cross-entropy
+loss fusion, per-token loss (num-tokens broadcast), MoE/EP, CP attention traffic,
+logging/eval/checkpoint collectives, one-time set-up collectives.
+
+Checked call for call against CommCounter on real megatron-core steps (gloo, cpu): world 1
+with and without the distributed optimizer, TP2, TP2 + SP + distributed optimizer, PP2
+(tied), PP2 untied + distributed optimizer, DP2 + distributed optimizer
+(tests/fixtures/layout/comm_check_worker.py). VPP and CP figures are unchecked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+
+from megatron_npu.layout.rankmap import LayoutError, RankMap, add_layout_args, build_rank_map
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# ASSUMPTIONS for Atlas 800T A2 (ascend-facts.md names the links, not their speed; measure
+# and override with --intra-gbps / --inter-gbps):
+HCCS_GBPS = 196.0  # GB/s per NPU inside a node over HCCS (392 GB/s bidirectional quoted per 910B)
+ROCE_GBPS = 25.0  # GB/s per NPU between nodes: one 200 Gb/s RoCE port per NPU
+LABELS = ("tp", "pp", "dp_cp", "dp", "embd", "mp", "dist_opt")
+
+
+@dataclass
+class ModelSpec:
+    """GPT shape, named as Megatron-LM's flags."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    seq_length: int
+    micro_batch_size: int
+    global_batch_size: int
+    vocab_size: int
+    ffn_hidden_size: int | None = None  # None: 4 * hidden
+    num_query_groups: int | None = None  # None: no GQA
+    kv_channels: int | None = None  # None: hidden / heads
+    swiglu: bool = False
+    untie_embeddings_and_output_weights: bool = False
+    add_bias_linear: bool = True
+    normalization: str = "LayerNorm"  # or RMSNorm (no bias)
+    position_embedding_type: str = "learned_absolute"  # or rope
+    max_position_embeddings: int | None = None  # None: seq_length
+    make_vocab_size_divisible_by: int = 128
+    params_dtype: str = "bf16"
+    grad_reduce_in_fp32: bool | None = None  # None: Megatron-LM's rule, True for bf16
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def tied(self) -> bool:
+        return not self.untie_embeddings_and_output_weights
+
+    def padded_vocab(self, tp: int) -> int:
+        multiple = self.make_vocab_size_divisible_by * tp
+        return math.ceil(self.vocab_size / multiple) * multiple
+
+    def grad_bytes(self) -> int:
+        fp32 = self.grad_reduce_in_fp32 if self.grad_reduce_in_fp32 is not None else self.params_dtype == "bf16"
+        return 4 if fp32 else DTYPE_BYTES[self.params_dtype]
+
+
+@dataclass
+class ParallelSpec:
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False  # buckets of max(40M, 1M*dp) elements on pp rank 0
+    bucket_size: int | None = None
+    clip_grad: float = 1.0
+    recompute_full: bool = False  # --recompute-granularity full: each layer's forward runs again in backward
+    loss_allreduce: bool = True  # megatron_npu.training: 1 fp32 'lm loss' over dp on the last stage
+
+
+@dataclass
+class Item:
+    """One kind of call on one rank: ``calls`` calls of ``payload`` bytes each."""
+
+    label: str
+    op: str
+    what: str
+    calls: int
+    payload: int
+    group_size: int
+    inter: bool
+
+    @property
+    def bytes(self) -> int:
+        return self.calls * self.payload
+
+    @property
+    def wire(self) -> float:
+        g, n = self.group_size, self.bytes
+        if self.op == "send":
+            return float(n)
+        if self.op == "recv" or g == 1:
+            return 0.0
+        if self.op == "all_reduce":
+            return 2 * (g - 1) / g * n
+        if self.op == "all_gather":
+            return float((g - 1) * n)
+        return (g - 1) / g * n  # reduce_scatter
+
+
+@dataclass
+class RankPlan:
+    rank: int
+    node: int
+    pp_rank: int
+    items: list[Item] = field(default_factory=list)
+
+    def by_label(self) -> dict[str, dict[str, float]]:
+        """{label: {"calls", "bytes", "wire_intra", "wire_inter"}}, comparable to CommCounter.snapshot()."""
+        out: dict[str, dict[str, float]] = {}
+        for it in self.items:
+            d = out.setdefault(it.label, {"calls": 0, "bytes": 0, "wire_intra": 0.0, "wire_inter": 0.0})
+            d["calls"] += it.calls
+            d["bytes"] += it.bytes
+            d["wire_inter" if it.inter else "wire_intra"] += it.wire
+        return out
+
+
+@dataclass
+class CommPlan:
+    layout: RankMap
+    model: ModelSpec
+    parallel: ParallelSpec
+    ranks: list[RankPlan]
+    intra_gbps: float
+    inter_gbps: float
+
+    def time_s(self, rank: int) -> float:
+        """Communication seconds per iteration with no overlap, at the assumed bandwidths."""
+        d = self.ranks[rank].by_label().values()
+        return sum(v["wire_intra"] for v in d) / (self.intra_gbps * 1e9) + sum(v["wire_inter"] for v in d) / (
+            self.inter_gbps * 1e9
+        )
+
+    def distinct(self) -> list[RankPlan]:
+        """One rank per distinct traffic pattern (ranks of a TP group match, and so on)."""
+        seen: dict[str, RankPlan] = {}
+        for rp in self.ranks:
+            key = json.dumps({k: [v["calls"], v["bytes"], v["wire_inter"] > 0] for k, v in sorted(rp.by_label().items())})
+            seen.setdefault(key, rp)
+        return list(seen.values())
+
+    def table(self) -> str:
+        lay = self.layout
+        mb = self.model.global_batch_size // (self.model.micro_batch_size * lay.dp)
+        out = [
+            f"TP={lay.tp} PP={lay.pp} CP={lay.cp} DP={lay.dp}" + (f" VPP={lay.vpp}" if lay.vpp else "")
+            + f" on {lay.nnodes}x{lay.nproc_per_node}; {mb} microbatches/iteration; "
+            f"SP={'on' if self.parallel.sequence_parallel else 'off'}, "
+            f"distributed optimizer={'on' if self.parallel.use_distributed_optimizer else 'off'}; "
+            f"grad reduce {self.model.grad_bytes() * 8}-bit",
+            "payload = bytes handed to torch.distributed on the rank (receives included); "
+            "wire = ring-algorithm bytes sent (MB = 1e6 bytes)",
+        ]
+        for rp in self.distinct():
+            same = [r.rank for r in self.ranks if r.by_label() == rp.by_label()]
+            out.append(f"rank {rp.rank} (node {rp.node}, pp stage {rp.pp_rank}; same traffic: {len(same)} ranks)")
+            out.append(f"  {'group':8} {'calls':>7} {'payload MB':>12} {'wire intra MB':>14} {'wire inter MB':>14}")
+            for label, v in sorted(rp.by_label().items(), key=lambda kv: LABELS.index(kv[0])):
+                out.append(
+                    # 3 decimals: a scaled-down test model's traffic is well under 0.1 MB
+                    f"  {label:8} {v['calls']:7d} {v['bytes'] / 1e6:12.3f} {v['wire_intra'] / 1e6:14.3f} {v['wire_inter'] / 1e6:14.3f}"
+                )
+            out.append(f"  est. communication time per iteration: {self.time_s(rp.rank) * 1e3:.3f} ms (no overlap)")
+        out.append(
+            f"ASSUMED bandwidths: intra-node {self.intra_gbps} GB/s (HCCS), inter-node {self.inter_gbps} GB/s (RoCE); "
+            "override with --intra-gbps/--inter-gbps"
+        )
+        return "\n".join(out)
+
+    def to_json(self) -> dict:
+        return {
+            "definitions": {
+                "bytes": "payload bytes of the tensors passed to torch.distributed collective/p2p calls on this rank",
+                "wire": "ring-algorithm bytes sent by this rank",
+            },
+            "layout": {k: getattr(self.layout, k) for k in ("world_size", "nnodes", "nproc_per_node", "tp", "pp", "cp", "dp", "vpp")},
+            "model": asdict(self.model),
+            "parallel": asdict(self.parallel),
+            "assumed_gbps": {"intra": self.intra_gbps, "inter": self.inter_gbps},
+            "ranks": [
+                {
+                    "rank": rp.rank,
+                    "node": rp.node,
+                    "pp_rank": rp.pp_rank,
+                    "groups": rp.by_label(),
+                    "items": [asdict(it) | {"bytes": it.bytes, "wire": it.wire} for it in rp.items],
+                    "est_seconds": self.time_s(rp.rank),
+                }
+                for rp in self.ranks
+            ],
+        }
+
+
+def _stage_params(m: ModelSpec, tp: int, layers: int, first: bool, last: bool, pp: int) -> list[tuple[str, int]]:
+    """(name, numel) of one model chunk's parameters in named_parameters() order (local spec)."""
+    h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
+    groups = m.num_query_groups or m.num_attention_heads
+    norm = ["weight"] if m.normalization == "RMSNorm" else ["weight", "bias"]
+    bias = m.add_bias_linear
+    qkv_out = (m.num_attention_heads + 2 * groups) * kv // tp
+    fc1_out = m.ffn * (2 if m.swiglu else 1) // tp
+    vocab = m.padded_vocab(tp) // tp  # vocab-parallel rows on this rank
+    out: list[tuple[str, int]] = []
+    if first:
+        out.append(("embedding.word_embeddings.weight", vocab * h))
+        if m.position_embedding_type == "learned_absolute":
+            out.append(("embedding.position_embeddings.weight", (m.max_position_embeddings or m.seq_length) * h))
+    for i in range(layers):
+        p = f"decoder.layers.{i}."
+        out += [(p + "input_layernorm." + n, h) for n in norm]
+        out.append((p + "self_attention.linear_proj.weight", h * m.num_attention_heads * kv // tp))
+        out += [(p + "self_attention.linear_proj.bias", h)] if bias else []
+        out.append((p + "self_attention.linear_qkv.weight", qkv_out * h))
+        out += [(p + "self_attention.linear_qkv.bias", qkv_out)] if bias else []
+        out += [(p + "pre_mlp_layernorm." + n, h) for n in norm]
+        out.append((p + "mlp.linear_fc1.weight", fc1_out * h))
+        out += [(p + "mlp.linear_fc1.bias", fc1_out)] if bias else []
+        out.append((p + "mlp.linear_fc2.weight", h * m.ffn // tp))
+        out += [(p + "mlp.linear_fc2.bias", h)] if bias else []
+    if last:
+        out += [("decoder.final_layernorm." + n, h) for n in norm]
+        if not m.tied or not first:  # tied on one stage: the output layer reuses the embedding
+            out.append(("output_layer.weight", vocab * h))
+    return out
+
+
+def _sp_marked(name: str) -> bool:
+    """Params megatron marks ``sequence_parallel``: norms and row-parallel biases."""
+    return "layernorm" in name or name.endswith(("linear_proj.bias", "linear_fc2.bias"))
+
+
+def _buckets(params: list[tuple[str, int]], dp: int, dist_opt: bool, bucket_size: int | None, shared: set[str]) -> list[int]:
+    """Padded bucket sizes (elements): megatron-core _ParamAndGradBuffer's rules."""
+
+    def pad(n: int, d: int) -> int:
+        return math.ceil(n / d) * d
+
+    divisor = math.lcm(dp, 128)
+    buckets: list[int] = []
+    start = bucket_start = 0
+    count = 0
+    end = 0
+
+    def close(param_end: int) -> int:
+        nonlocal bucket_start, count
+        bucket_end = pad(param_end, divisor) if dist_opt else param_end
+        buckets.append(bucket_end - bucket_start)
+        bucket_start, count = bucket_end, 0
+        return bucket_end
+
+    for name, numel in reversed(params):
+        if dist_opt:
+            start = pad(start, 64)
+        own = dist_opt and name in shared
+        if own and count:
+            start = close(start)
+        end = start + numel
+        count += 1
+        if (bucket_size is not None and end - bucket_start >= bucket_size) or own:
+            start = close(end)
+        else:
+            start = end
+    if count:
+        close(end)
+    return buckets
+
+
+def plan(
+    model: ModelSpec,
+    layout: RankMap,
+    parallel: ParallelSpec | None = None,
+    intra_gbps: float = HCCS_GBPS,
+    inter_gbps: float = ROCE_GBPS,
+) -> CommPlan:
+    par = parallel or ParallelSpec()
+    tp, pp, cp, dp = layout.tp, layout.pp, layout.cp, layout.dp
+    vpp = layout.vpp or 1
+    if model.num_layers % (pp * vpp):
+        raise LayoutError(f"--num-layers {model.num_layers} is not divisible by PP x VPP = {pp * vpp}")
+    if model.global_batch_size % (model.micro_batch_size * dp):
+        raise LayoutError(
+            f"--global-batch-size {model.global_batch_size} is not divisible by micro batch x DP = {model.micro_batch_size * dp}"
+        )
+    if model.seq_length % (cp * (tp if par.sequence_parallel else 1)):
+        raise LayoutError("--seq-length must be divisible by CP (x TP with --sequence-parallel)")
+    if par.sequence_parallel and tp == 1:
+        par = ParallelSpec(**(asdict(par) | {"sequence_parallel": False}))  # megatron turns SP off at TP=1
+    mbs = model.global_batch_size // (model.micro_batch_size * dp)
+    pb, gb = DTYPE_BYTES[model.params_dtype], model.grad_bytes()
+    s_local = model.seq_length // cp
+    act = s_local * model.micro_batch_size * model.hidden_size * pb  # one [s, b, h] activation
+    act_sp = act // tp
+    scalar = s_local * model.micro_batch_size * 4  # one fp32 [s, b]
+    chunk_layers = model.num_layers // (pp * vpp)
+    sp = par.sequence_parallel
+    bucket_size = par.bucket_size or max(40_000_000, 1_000_000 * dp * cp)
+
+    def group(name: str, rank: int) -> list[int]:
+        return next(g for g in layout.groups[name] if rank in g)
+
+    out = []
+    for e in layout.ranks:
+        rp = RankPlan(e.rank, e.node, e.pp_rank)
+        tpg, ppg, dpg = group("tp", e.rank), group("pp", e.rank), group("dp_cp", e.rank)
+        tp_inter, dp_inter = layout.spans_nodes(tpg), layout.spans_nodes(dpg)
+
+        def add(label: str, op: str, what: str, calls: int, payload: int, g: list[int], inter: bool) -> None:
+            if calls:
+                rp.items.append(Item(label, op, what, calls, payload, len(g), inter))  # noqa: B023
+
+        first, last = e.pp_rank == 0, e.pp_rank == pp - 1
+        layers_here = chunk_layers * vpp
+        # tensor parallel, per microbatch
+        if tp > 1:
+            if sp:
+                add("tp", "all_gather", "layers: qkv/fc1 fwd + bwd recompute, proj/fc2 bwd", 6 * layers_here * mbs, act_sp, tpg, tp_inter)
+                add("tp", "reduce_scatter", "layers: proj/fc2 fwd, qkv/fc1 dgrad", 4 * layers_here * mbs, act, tpg, tp_inter)
+            else:
+                add("tp", "all_reduce", "layers: proj/fc2 fwd, qkv/fc1 dgrad", 4 * layers_here * mbs, act, tpg, tp_inter)
+            if par.recompute_full:  # not checked against a run
+                if sp:
+                    add("tp", "all_gather", "recomputed layer fwd", 2 * layers_here * mbs, act_sp, tpg, tp_inter)
+                    add("tp", "reduce_scatter", "recomputed layer fwd", 2 * layers_here * mbs, act, tpg, tp_inter)
+                else:
+                    add("tp", "all_reduce", "recomputed layer fwd", 2 * layers_here * mbs, act, tpg, tp_inter)
+            if first:
+                if sp and model.position_embedding_type != "learned_absolute":
+                    add("tp", "reduce_scatter", "embedding fwd", mbs, act, tpg, tp_inter)
+                else:
+                    add("tp", "all_reduce", "embedding fwd", mbs, act, tpg, tp_inter)
+                if sp:
+                    add("tp", "all_gather", "embedding bwd", mbs, act_sp, tpg, tp_inter)
+            if last:
+                if sp:
+                    add("tp", "all_gather", "output layer fwd + bwd recompute", 2 * mbs, act_sp, tpg, tp_inter)
+                    add("tp", "reduce_scatter", "output layer dgrad", mbs, act, tpg, tp_inter)
+                else:
+                    add("tp", "all_reduce", "output layer dgrad", mbs, act, tpg, tp_inter)
+        if last:  # vocab-parallel cross-entropy: max, predicted logit, sum exp (unconditional)
+            add("tp", "all_reduce", "cross-entropy (fp32 [s,b])", 3 * mbs, scalar, tpg, tp_inter)
+        # parameters, per model chunk (each chunk has its own DDP buffers)
+        chunks = []
+        for c in range(vpp):
+            vstage = c * pp + e.pp_rank
+            chunks.append(_stage_params(model, tp, chunk_layers, vstage == 0, vstage == pp * vpp - 1, pp))
+        if sp:
+            n = sum(numel for ch in chunks for name, numel in ch if _sp_marked(name))
+            add("tp", "all_reduce", "SP norm/bias grads", 1, n * gb, tpg, tp_inter)
+        # pipeline p2p (1F1B; interleaved: once per chunk boundary)
+        if pp > 1:
+            p2p = act_sp if sp else act
+            nxt, prv = ppg[(e.pp_rank + 1) % pp], ppg[(e.pp_rank - 1) % pp]
+            fwd_send = mbs * vpp - (mbs if last else 0)
+            fwd_recv = mbs * vpp - (mbs if first else 0)
+            add("pp", "send", "activations", fwd_send, p2p, [e.rank, nxt], layout.node_of(nxt) != e.node)
+            add("pp", "recv", "activations", fwd_recv, p2p, [prv, e.rank], layout.node_of(prv) != e.node)
+            add("pp", "send", "activation grads", fwd_recv, p2p, [e.rank, prv], layout.node_of(prv) != e.node)
+            add("pp", "recv", "activation grads", fwd_send, p2p, [nxt, e.rank], layout.node_of(nxt) != e.node)
+        # data parallel: DDP grad buffers
+        shared = {"embedding.word_embeddings.weight", "output_layer.weight"} if model.tied and pp > 1 else set()
+        for c, ch in enumerate(chunks):
+            bsize = bucket_size if (par.overlap_grad_reduce and e.pp_rank == 0 and c == 0) else None
+            bks = _buckets(ch, dp * cp, par.use_distributed_optimizer, bsize, shared)
+            for b in bks:
+                if par.use_distributed_optimizer:
+                    add("dp_cp", "reduce_scatter", "grad buffer", 1, b * gb, dpg, dp_inter)
+                    add("dp_cp", "all_gather", "param buffer shard", 1, b // (dp * cp) * pb, dpg, dp_inter)
+                else:
+                    add("dp_cp", "all_reduce", "grad buffer", 1, b * gb, dpg, dp_inter)
+        if model.tied and pp > 1 and (first or last):
+            eg = [ppg[0], ppg[-1]]
+            add("embd", "all_reduce", "tied embedding grad", 1, model.padded_vocab(tp) // tp * model.hidden_size * gb, eg,
+                layout.spans_nodes(eg))  # fmt: skip
+        if par.clip_grad > 0:
+            if par.use_distributed_optimizer:
+                # megatron's intra-distributed-optimizer-instance group: every rank, its own group object
+                add("dist_opt", "all_reduce", "grad norm", 1, 4, list(range(layout.world_size)), layout.nnodes > 1)
+            else:
+                mpg = group("mp", e.rank)
+                add("mp", "all_reduce", "grad norm", 1, 4, mpg, layout.spans_nodes(mpg))
+        if par.loss_allreduce and last:
+            dg = group("dp", e.rank)
+            add("dp", "all_reduce", "loss report (trainer: 1 fp32 per key, 'lm loss')", 1, 4, dg, layout.spans_nodes(dg))
+        out.append(rp)
+    return CommPlan(layout, model, par, out, intra_gbps, inter_gbps)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    for name, default in (("num-layers", 40), ("hidden-size", 5120), ("num-attention-heads", 40), ("seq-length", 4096),
+                          ("micro-batch-size", 1), ("global-batch-size", 64), ("vocab-size", 50257)):  # fmt: skip
+        p.add_argument(f"--{name}", type=int, default=default)
+    for name in ("ffn-hidden-size", "num-query-groups", "kv-channels", "max-position-embeddings"):
+        p.add_argument(f"--{name}", type=int, default=None)
+    p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    p.add_argument("--swiglu", action="store_true")
+    p.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    p.add_argument("--disable-bias-linear", action="store_true")
+    p.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
+    p.add_argument("--position-embedding-type", choices=("learned_absolute", "rope"), default="learned_absolute")
+    p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bf16", help="params dtype (--bf16/--fp16)")
+    p.add_argument("--grad-reduce-in-bf16", action="store_true", help="reduce grads in the param dtype (default fp32 for bf16)")
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--use-distributed-optimizer", action="store_true")
+    p.add_argument("--overlap-grad-reduce", action="store_true")
+    p.add_argument("--clip-grad", type=float, default=1.0)
+    p.add_argument("--recompute-granularity", choices=("full", "selective"), default=None,
+                   help="full repeats each layer's forward TP traffic (all layers assumed); selective adds none")
+
+
+def specs_from_args(a: argparse.Namespace) -> tuple[ModelSpec, ParallelSpec]:
+    model = ModelSpec(
+        num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
+        seq_length=a.seq_length, micro_batch_size=a.micro_batch_size, global_batch_size=a.global_batch_size,
+        vocab_size=a.vocab_size, ffn_hidden_size=a.ffn_hidden_size, num_query_groups=a.num_query_groups,
+        kv_channels=a.kv_channels, swiglu=a.swiglu,
+        untie_embeddings_and_output_weights=a.untie_embeddings_and_output_weights,
+        add_bias_linear=not a.disable_bias_linear, normalization=a.normalization,
+        position_embedding_type=a.position_embedding_type, max_position_embeddings=a.max_position_embeddings,
+        make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, params_dtype=a.dtype,
+        grad_reduce_in_fp32=False if a.grad_reduce_in_bf16 else None,
+    )  # fmt: skip
+    par = ParallelSpec(
+        sequence_parallel=a.sequence_parallel, use_distributed_optimizer=a.use_distributed_optimizer,
+        overlap_grad_reduce=a.overlap_grad_reduce, clip_grad=a.clip_grad,
+        recompute_full=a.recompute_granularity == "full",
+    )  # fmt: skip
+    return model, par
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="megatron-npu plan", description=__doc__.splitlines()[0])
+    add_layout_args(p)
+    add_model_args(p)
+    p.add_argument("--intra-gbps", type=float, default=HCCS_GBPS, help=f"GB/s inside a node (ASSUMED {HCCS_GBPS}, HCCS)")
+    p.add_argument("--inter-gbps", type=float, default=ROCE_GBPS, help=f"GB/s between nodes (ASSUMED {ROCE_GBPS}, RoCE)")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        rmap = build_rank_map(tp=a.tp, pp=a.pp, cp=a.cp, ep=a.ep, vpp=a.vpp, nnodes=a.nnodes,
+                              nproc_per_node=a.nproc_per_node, hosts=a.hosts.split(",") if a.hosts else None)  # fmt: skip
+        model, par = specs_from_args(a)
+        result = plan(model, rmap, par, a.intra_gbps, a.inter_gbps)
+    except LayoutError as exc:
+        print(f"plan: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_json()) if a.json else result.table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

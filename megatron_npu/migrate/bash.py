@@ -1,0 +1,495 @@
+"""Bash launch scripts: a line-based rewrite (comments and layout survive) and a small
+expander that resolves the launch command (simple variables, arrays, ``${X:-d}``, ``$((..))``).
+
+Not a bash interpreter: what it cannot resolve stays as literal text (``$1``, ``$(cmd)``),
+and the checks that need it say so instead of guessing.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from .rules import ENTRY_RULE, ENV_RULES, HEADER_RULE, NPU_DIR_RULE, Rule, env_rule, flag_rule
+
+TAG = "megatron-npu migrate"
+
+
+@dataclass
+class Change:
+    line: int  # 1-based line of the input (inserted lines: the input line they follow)
+    before: str | None
+    after: str | None  # None: the line was deleted
+    rule: str
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"line": self.line, "before": self.before, "after": self.after, "rule": self.rule, "reason": self.reason}
+
+
+@dataclass
+class Finding:
+    line: int | None
+    item: str
+    reason: str
+    rule: str = ""
+
+    def to_json(self) -> dict:
+        return {"line": self.line, "item": self.item, "reason": self.reason, "rule": self.rule}
+
+
+@dataclass
+class Result:
+    text: str
+    changes: list[Change] = field(default_factory=list)
+    unsupported: list[Finding] = field(default_factory=list)  # warnings: left as they were
+    notes: list[Finding] = field(default_factory=list)  # kept, with what runs on NPU
+    refused: list[Finding] = field(default_factory=list)  # fp8 etc. without --force
+    forced: list[Finding] = field(default_factory=list)  # refused items dropped under --force
+
+
+# ---------------------------------------------------------------------------------------
+# scanning: where a line's code ends (comment), quote state and array depth across lines
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ScanState:
+    quote: str | None = None  # open ' or " carried into the next line
+    depth: int = 0  # unclosed ( outside quotes: inside NAME=( ... )
+    continued: bool = False  # the previous line ended with a backslash
+
+
+def split_comment(line: str, state: ScanState) -> tuple[str, str, ScanState]:
+    """(code, comment, state after the line)."""
+    quote, depth = state.quote, state.depth
+    i, n = 0, len(line)
+    cut = n
+    while i < n:
+        c = line[i]
+        if quote == "'":
+            if c == "'":
+                quote = None
+        elif quote == '"':
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                quote = None
+        else:
+            if c == "\\":
+                i += 1
+            elif c in "'\"":
+                quote = c
+            elif c == "#" and (i == 0 or line[i - 1] in " \t(;"):
+                cut = i
+                break
+            elif c == "(":
+                depth += 1
+            elif c == ")":
+                depth = max(0, depth - 1)
+        i += 1
+    code, comment = line[:cut], line[cut:]
+    continued = quote is None and cut == n and code.rstrip(" \t").endswith("\\") and not code.rstrip().endswith("\\\\")
+    return code, comment, ScanState(quote, depth, continued)
+
+
+_HEREDOC_RE = re.compile(r"(?<!<)<<(-?)[ \t]*(['\"]?)([A-Za-z_]\w*)\2")
+
+
+def heredoc_end(code: str) -> tuple[str, bool] | None:
+    """(terminator, tabs allowed) when the line opens a here-document (its body is copied as is)."""
+    m = _HEREDOC_RE.search(code)
+    return (m.group(3), m.group(1) == "-") if m else None
+
+
+def _ends_heredoc(line: str, heredoc: tuple[str, bool]) -> bool:
+    word, dash = heredoc
+    return (line.lstrip("\t") if dash else line) == word
+
+
+# ---------------------------------------------------------------------------------------
+# flags inside a line's code
+# ---------------------------------------------------------------------------------------
+
+_FLAG_RE = re.compile(r"(?<![^\s\"'(])(--[A-Za-z0-9][\w-]*)(?==|[\s\"')]|$)")
+_VALUE_RE = re.compile(r"""(=|[ \t]+)("[^"]*"|'[^']*'|[^\s"'()\\]+)""")
+
+
+def _value_span(code: str, end: int) -> tuple[int, str | None]:
+    """The flag's value on this line: (end of the value, value) or (end, None)."""
+    m = _VALUE_RE.match(code, end)
+    if not m or (m.group(1) != "=" and m.group(2).startswith("-") and not re.match(r"-\d", m.group(2))):
+        return end, None
+    return m.end(), m.group(2)
+
+
+def _cut(code: str, start: int, end: int) -> str:
+    """Remove code[start:end] and one side's whitespace so no double space is left."""
+    before, after = code[:start], code[end:]
+    stripped = after.lstrip(" \t")
+    if len(stripped) < len(after) and stripped:
+        return before + stripped
+    if not before.strip():  # keep the indentation of a line like '    --flag"'
+        return before + stripped
+    if not stripped:  # the end of the code: keep the spacing before a comment
+        return before.rstrip(" \t") + after
+    return before.rstrip(" \t") + stripped
+
+
+def rewrite_flags(code: str, lineno: int, force: bool, res: Result, yaml: bool = False) -> str:
+    pos = 0
+    while True:
+        m = _FLAG_RE.search(code, pos)
+        if not m:
+            return code
+        flag = m.group(1)
+        rule = flag_rule(flag)
+        pos = m.end()
+        if rule is None:
+            continue
+        vend, value = _value_span(code, m.end())
+        if rule.action == "keep":
+            if rule.name != "rmsnorm":
+                res.notes.append(Finding(lineno, flag, rule.reason, rule.name))
+            elif value is not None and value.strip("\"'") == "RMSNorm":
+                res.notes.append(Finding(lineno, f"{flag} {value}", rule.reason, rule.name))
+        elif rule.action == "value":
+            old, new = rule.to.split("=")
+            if value is not None and value.strip("\"'") == old:
+                vstart = vend - len(value)
+                quoted = value[0] if value[0] in "\"'" else ""
+                code = code[:vstart] + quoted + new + quoted + code[vend:]
+                res.changes.append(Change(lineno, None, None, rule.name, rule.reason))
+                pos = vstart + len(new)
+        elif rule.action in ("remove", "refuse"):
+            end = vend if rule.takes_value else m.end()
+            text = code[m.start():end]
+            if rule.action == "refuse" and not force:
+                res.refused.append(Finding(lineno, text, rule.reason, rule.name))
+                continue
+            if rule.action == "refuse":
+                res.forced.append(Finding(lineno, text, "dropped under --force: " + rule.reason, rule.name))
+            code = _cut(code, m.start(), end)
+            res.changes.append(Change(lineno, None, None, rule.name, rule.reason if rule.action == "remove"
+                                      else "dropped under --force: " + rule.reason))
+            pos = m.start()
+
+
+# ---------------------------------------------------------------------------------------
+# environment variables and the entry point inside a line's code
+# ---------------------------------------------------------------------------------------
+
+_ENV_NAME_RE = re.compile(r"\b((?:NCCL|TORCH_NCCL|NVTE|CUDA|PYTORCH_CUDA)_[A-Z0-9_]+)\b")
+_ASSIGN_RE = r"(?:(?<=^)|(?<=[\s;]))(?:export[ \t]+)?{name}(?:=(\"[^\"]*\"|'[^']*'|[^\s;]*))?"
+_ENTRY_RE = re.compile(r"(?<![^\s\"'=])([^\s\"'=;|&()]*pretrain_gpt\.py)(?![\w.])")
+_ENTRY_DONE = ("${MEGATRON_NPU_DIR}/pretrain_gpt.py", "$MEGATRON_NPU_DIR/pretrain_gpt.py")
+
+
+def _buffsize_mb(value: str) -> str | None:
+    raw = value.strip("\"'")
+    return str(max(1, int(raw) // (1 << 20))) if raw.isdigit() else None
+
+
+def rewrite_env(code: str, lineno: int, res: Result) -> tuple[str, bool]:
+    """Returns (code, commented): commented means the whole statement is to be commented out."""
+    for name in dict.fromkeys(_ENV_NAME_RE.findall(code)):
+        rule = env_rule(name)
+        if rule is None:
+            if re.search(_ASSIGN_RE.format(name=re.escape(name)) + r"(?==)", code):
+                res.unsupported.append(Finding(lineno, name, "CUDA setting with no Ascend counterpart; left as is"))
+            continue
+        if rule.action == "keep":
+            res.notes.append(Finding(lineno, name, rule.reason, rule.name))
+        elif rule.action in ("rename", "convert"):
+            new_code = re.sub(rf"\b{re.escape(name)}\b", rule.to, code)
+            reason = rule.reason
+            if rule.action == "convert":
+                m = re.search(rf"\b{rule.to}=(\"[^\"]*\"|'[^']*'|[^\s;]*)", new_code)
+                mb = _buffsize_mb(m.group(1)) if m else None
+                if m and mb is not None:
+                    new_code = new_code[:m.start(1)] + mb + new_code[m.end(1):]
+                    reason += f" ({m.group(1)} bytes -> {mb} MB)"
+                elif m:
+                    res.unsupported.append(Finding(lineno, name, f"{rule.to} is in MB, {name} was bytes: "
+                                                   f"convert the value {m.group(1)} by hand", rule.name))
+            code = new_code
+            res.changes.append(Change(lineno, None, None, rule.name, reason))
+        elif rule.action == "comment":
+            # NAME=value anywhere (export/inline prefix), or a bare "export NAME"
+            pat = re.compile(rf"(?:(?<=^)|(?<=[\s;])){re.escape(name)}(?:(=(?:\"[^\"]*\"|'[^']*'|[^\s;]*))|(?=\s|;|$))")
+            for m in reversed(list(pat.finditer(code))):
+                if m.group(1) is None and not re.search(r"\bexport[ \t]+$", code[:m.start()]):
+                    continue  # a reference such as "unset NAME": harmless, left alone
+                code = _cut(code, m.start(), m.end())
+                res.changes.append(Change(lineno, None, None, rule.name, rule.reason))
+                if re.fullmatch(r"\s*(export)?\s*;?\s*", code):
+                    return code, True  # nothing else on the line: comment the statement out
+    return code, False
+
+
+def rewrite_entry(code: str, lineno: int, res: Result) -> str:
+    def sub(m: re.Match) -> str:
+        if m.group(1) in _ENTRY_DONE:
+            return m.group(1)
+        res.changes.append(Change(lineno, None, None, ENTRY_RULE.name, ENTRY_RULE.reason))
+        return ENTRY_RULE.to
+
+    return _ENTRY_RE.sub(sub, code)
+
+
+# ---------------------------------------------------------------------------------------
+# the script
+# ---------------------------------------------------------------------------------------
+
+
+def _added_block(text: str, npu_dir: str, needs_dir: bool) -> list[tuple[str, Rule]]:
+    code = "\n".join(split_comment(line, ScanState())[0] for line in text.splitlines())
+    block: list[tuple[str, Rule]] = []
+    for rule in (r for r in ENV_RULES if r.action == "add"):
+        if not re.search(rf"\b{rule.match}\b", code):
+            block.append((f"export {rule.match}=${{{rule.match}:-{rule.to}}}", rule))
+    if needs_dir and not re.search(r"(?:^|[\s;])(?:export\s+)?MEGATRON_NPU_DIR=", code, re.M):
+        block.append((f"MEGATRON_NPU_DIR=${{MEGATRON_NPU_DIR:-{npu_dir}}}", NPU_DIR_RULE))
+    return block
+
+
+def migrate_bash(text: str, *, force: bool = False, npu_dir: str = ".") -> Result:
+    lines = text.split("\n")
+    res = Result(text="")
+    out: list[str | None] = []
+    state = ScanState()
+    insert_after = 0  # input line after which the added settings go
+    seen_entry = False
+    heredoc: tuple[str, bool] | None = None
+    for idx, line in enumerate(lines):
+        lineno = idx + 1
+        if heredoc is not None:  # a here-document's body is data, not script
+            out.append(line)
+            if _ends_heredoc(line, heredoc):
+                heredoc = None
+            continue
+        start = state
+        code, comment, state = split_comment(line, start)
+        heredoc = heredoc_end(code) if state.quote is None else None
+        if not code.strip() or (start.quote is None and code.lstrip().startswith("#!")):
+            out.append(line)
+            continue
+        nchanges = len(res.changes)
+        new_code, commented = rewrite_env(code, lineno, res)
+        if not commented:
+            new_code = rewrite_flags(new_code, lineno, force, res)
+            new_code = rewrite_entry(new_code, lineno, res)
+        if "pretrain_gpt.py" in code:
+            seen_entry = True
+        # the added settings go after the last top-level export ahead of the launch
+        if (not seen_entry and start.depth == 0 and start.quote is None and not start.continued
+                and re.match(r"export\s", line)):
+            insert_after = lineno
+        if len(res.changes) == nchanges:
+            out.append(line)
+            continue
+        if commented:
+            reasons = "; ".join(dict.fromkeys(ch.reason for ch in res.changes[nchanges:]))
+            new = f"# {line.strip()}  # {TAG}: {reasons}"
+            new = line[: len(line) - len(line.lstrip())] + new
+        elif new_code.strip(" \t\\") == "":
+            if comment:  # keep the comment at the line's indentation
+                new = line[: len(line) - len(line.lstrip())] + comment
+            elif start.depth or start.quote or new_code.rstrip().endswith("\\"):
+                new = None  # safe to delete: inside an array/string, or a continued line
+            else:
+                new = ""  # the end of a continued command: an empty line still ends it
+        else:
+            new = new_code + comment
+        for ch in res.changes[nchanges:]:
+            ch.before, ch.after = line, new
+        out.append(new)
+    needs_dir = any(ch.rule == ENTRY_RULE.name for ch in res.changes) or "MEGATRON_NPU_DIR" in text
+    block = _added_block(text, npu_dir, needs_dir)
+    if block:
+        if insert_after == 0 and lines and lines[0].startswith("#!"):
+            insert_after = 1
+        added = [f"# {TAG}: Ascend settings (override from the environment)"] + [b for b, _ in block]
+        out[insert_after:insert_after] = added
+        for b, rule in block:
+            res.changes.append(Change(insert_after, None, b, rule.name, rule.reason))
+        res.changes.append(Change(insert_after, None, added[0], HEADER_RULE.name, HEADER_RULE.reason))
+    res.changes.sort(key=lambda c: c.line)
+    res.text = "\n".join(x for x in out if x is not None)
+    return res
+
+
+# ---------------------------------------------------------------------------------------
+# expansion of the launch command
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Launch:
+    line: int
+    launcher: list[str]
+    entry: str
+    args: list[str]
+    variables: dict[str, str | list[str]]
+
+    @property
+    def kind(self) -> str:
+        """"torchrun" (torchrun, python -m torch.distributed.launch/run), "python" or "other" (srun, ...)."""
+        words = [w for w in self.launcher if not re.fullmatch(r"[A-Za-z_]\w*=.*", w) and w != "env"]
+        if not words:
+            return "python"  # ./pretrain_gpt.py
+        first = words[0].rsplit("/", 1)[-1]
+        if first == "torchrun" or any(w in ("torch.distributed.launch", "torch.distributed.run") for w in words[:4]):
+            return "torchrun"
+        return "python" if first.startswith("python") else "other"
+
+    def launcher_value(self, *names: str) -> str | None:
+        value = None
+        for i, tok in enumerate(self.launcher):
+            for name in names:
+                if tok == name and i + 1 < len(self.launcher):
+                    value = self.launcher[i + 1]
+                elif tok.startswith(name + "="):
+                    value = tok.split("=", 1)[1]
+        return value
+
+
+def logical_lines(text: str) -> list[tuple[int, str]]:
+    """Statements with comments removed and continuations/arrays/strings joined."""
+    out: list[tuple[int, str]] = []
+    state = ScanState()
+    buf: list[str] = []
+    first = 0
+    heredoc: tuple[str, bool] | None = None
+    for idx, line in enumerate(text.split("\n")):
+        if heredoc is not None:
+            if _ends_heredoc(line, heredoc):
+                heredoc = None
+            continue
+        start = state
+        code, _, state = split_comment(line, start)
+        heredoc = heredoc_end(code) if state.quote is None else None
+        if not buf:
+            first = idx + 1
+        if state.continued or (state.quote == '"' and code.endswith("\\")):
+            code = code.rstrip()[:-1]  # backslash-newline is removed, in and out of double quotes
+        buf.append(code)
+        if state.quote is None and state.depth == 0 and not state.continued:
+            joined = " ".join(buf)
+            if joined.strip():
+                out.append((first, joined))
+            buf = []
+    if buf and " ".join(buf).strip():
+        out.append((first, " ".join(buf)))
+    return out
+
+
+_VAR_RE = re.compile(r"\$\{(\w+)(\[[@*]\])?(?::?-([^}]*))?\}|\$([A-Za-z_]\w*)")
+_ARITH_RE = re.compile(r"\$\(\((.*?)\)\)")
+_QUOTED_ARRAY_RE = re.compile(r'"\$\{(\w+)\[@\]\}"')
+
+
+def _single_quoted(s: str) -> list[bool]:
+    mask, quote = [], None
+    for c in s:
+        if quote == "'":
+            mask.append(True)
+            if c == "'":
+                quote = None
+            continue
+        if c == "'" and quote is None:
+            quote = "'"
+            mask.append(True)
+            continue
+        if c == '"':
+            quote = None if quote == '"' else '"'
+        mask.append(False)
+    return mask
+
+
+def _outside_single_quotes(regex: re.Pattern, s: str, fn) -> str:
+    mask = _single_quoted(s)
+    return regex.sub(lambda m: m.group(0) if mask[m.start()] else fn(m), s)
+
+
+def expand(s: str, env: dict[str, str | list[str]]) -> str:
+    """Substitute the variables bash would (outside single quotes); unknown ones stay literal."""
+
+    def var(m: re.Match) -> str:
+        v = env.get(m.group(1) or m.group(4))
+        if v is None:
+            return expand(m.group(3), env) if m.group(3) is not None else m.group(0)
+        return shlex.join(v) if isinstance(v, list) else v
+
+    def arith(m: re.Match) -> str:
+        inner = _VAR_RE.sub(var, m.group(1))
+        inner = re.sub(r"\b[A-Za-z_]\w*\b", lambda v: str(env.get(v.group(0), v.group(0))), inner)
+        if re.fullmatch(r"[\d\s+\-*/%()]+", inner):
+            try:  # digits and operators only: safe to evaluate
+                return str(int(eval(inner.replace("/", "//"), {"__builtins__": {}})))
+            except (SyntaxError, ZeroDivisionError):
+                pass
+        return m.group(0)
+
+    def quoted_array(m: re.Match) -> str:  # "${A[@]}": one word per element
+        v = env.get(m.group(1))
+        return shlex.join(v) if isinstance(v, list) else m.group(0)
+
+    s = _outside_single_quotes(_QUOTED_ARRAY_RE, s, quoted_array)
+    return _outside_single_quotes(_VAR_RE, _outside_single_quotes(_ARITH_RE, s, arith), var)
+
+
+def _words(s: str) -> list[str]:
+    lex = shlex.shlex(s, posix=True, punctuation_chars=";&|<>")
+    lex.whitespace_split = True
+    lex.commenters = ""
+    try:
+        return list(lex)
+    except ValueError:
+        return s.split()
+
+
+_ARRAY_RE = re.compile(r"\s*(?:export\s+|declare\s+-a\s+|local\s+|readonly\s+)?([A-Za-z_]\w*)(\+?)=\((.*)\)\s*;?\s*",
+                       re.S)
+_SCALAR_RE = re.compile(r"\s*(?:export\s+|local\s+|readonly\s+)?([A-Za-z_]\w*)(\+?)=(\S*|\"[^\"]*\"|'[^']*')\s*;?\s*",
+                        re.S)
+
+
+def find_launch(text: str) -> Launch | None:
+    env: dict[str, str | list[str]] = {}
+    found: Launch | None = None
+    for lineno, stmt in logical_lines(text):
+        m = _ARRAY_RE.fullmatch(stmt)
+        if m:
+            items = _words(expand(m.group(3), env))
+            old = env.get(m.group(1), [])
+            env[m.group(1)] = (list(old) if isinstance(old, list) else [old]) + items if m.group(2) else items
+            continue
+        m = _SCALAR_RE.fullmatch(stmt)
+        if m:
+            words = _words(expand(m.group(3), env)) if m.group(3) else []
+            val = " ".join(words)
+            if m.group(2):
+                val = str(env.get(m.group(1), "")) + val
+            env[m.group(1)] = val
+            if "pretrain_gpt.py" not in val:
+                continue
+            stmt = val
+        words = _words(expand(stmt, env))
+        for i, w in enumerate(words):
+            if w.endswith("pretrain_gpt.py"):
+                args: list[str] = []
+                for j, a in enumerate(words[i + 1:], start=i + 1):
+                    if a and all(ch in ";&|<>" for ch in a):
+                        if args and args[-1].isdigit() and j > 0 and a.startswith(">"):
+                            args.pop()
+                        break
+                    if re.fullmatch(r"\$\{\w+\[[@*]\]\}", a):
+                        continue  # an array the script fills in a way not followed here: empty, as in bash
+                    args.append(a)
+                launcher = [x for x in words[:i]]
+                k = max((n for n, x in enumerate(launcher) if x and all(ch in ";&|" for ch in x)), default=-1)
+                found = Launch(lineno, launcher[k + 1:], w, args, dict(env))
+                break
+    return found

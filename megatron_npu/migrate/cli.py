@@ -1,0 +1,377 @@
+"""``megatron-npu migrate``: a Megatron-LM launch script or --yaml-cfg file -> its NPU version.
+
+    megatron-npu migrate train_gpt.sh [-o train_gpt.npu.sh] [--report report.json]
+                         [--npus-per-node 8] [--force] [--megatron-npu-dir DIR]
+    megatron-npu migrate --list-rules
+
+Only what a rule names changes (``--list-rules``); every model, parallel, batch, schedule,
+data and checkpoint value is copied byte for byte, and migrating a migrated file changes
+nothing. The entry point becomes ``${MEGATRON_NPU_DIR}/pretrain_gpt.py``; the script gets
+``MEGATRON_NPU_DIR=${MEGATRON_NPU_DIR:-DIR}`` where DIR is --megatron-npu-dir (default: the
+checkout this package runs from), so the environment can still point it elsewhere.
+
+Exit status: 0 for "ok" / "ok-with-warnings", 1 for "refused" (fp8, a layout that cannot
+run; --force writes the output anyway, dropping fp8), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .bash import Finding, Result, find_launch, migrate_bash
+from .rules import format_rules
+
+DEFAULT_NPU_DIR = str(Path(__file__).resolve().parents[2])
+_PARALLEL = {
+    "tp": ("--tensor-model-parallel-size", "tensor_model_parallel_size"),
+    "pp": ("--pipeline-model-parallel-size", "pipeline_model_parallel_size"),
+    "cp": ("--context-parallel-size", "context_parallel_size"),
+    "ep": ("--expert-model-parallel-size", "expert_model_parallel_size"),
+    "vpp": ("--virtual-pipeline-model-parallel-size", "virtual_pipeline_model_parallel_size"),
+    "layers_per_vstage": ("--num-layers-per-virtual-pipeline-stage", "num_layers_per_virtual_pipeline_stage"),
+    "num_layers": ("--num-layers", "num_layers"),
+}
+
+
+class InputError(ValueError):
+    """The input cannot be migrated as given (unreadable, not bash, not YAML)."""
+
+
+@dataclass
+class Report:
+    input: str
+    kind: str
+    result: Result
+    output: str | None = None
+    verdict: str = "ok"
+    layout: dict[str, Any] = field(default_factory=dict)
+    checks: dict[str, str] = field(default_factory=dict)
+    errors: list[Finding] = field(default_factory=list)  # make the verdict "refused"
+
+    def to_json(self) -> dict:
+        r = self.result
+        return {
+            "input": self.input, "output": self.output, "kind": self.kind, "verdict": self.verdict,
+            "changes": [c.to_json() for c in r.changes],
+            "unsupported": [f.to_json() for f in r.unsupported],
+            "refused": [f.to_json() for f in r.refused + self.errors],
+            "forced": [f.to_json() for f in r.forced],
+            "notes": [f.to_json() for f in r.notes],
+            "layout": self.layout, "checks": self.checks,
+        }
+
+
+def detect_kind(path: str, text: str) -> str:
+    if path.endswith((".yaml", ".yml")):
+        return "yaml"
+    if path.endswith((".sh", ".bash")) or text.startswith("#!"):
+        return "bash"
+    import yaml
+
+    try:
+        return "yaml" if isinstance(yaml.safe_load(text), dict) else "bash"
+    except yaml.YAMLError:
+        return "bash"
+
+
+def bash_syntax(text: str) -> str | None:
+    """None when ``bash -n`` accepts the text, else its message (skipped without bash)."""
+    if shutil.which("bash") is None:
+        return None
+    proc = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True, timeout=30)
+    if proc.returncode == 0:
+        return None
+    return (proc.stderr.strip().splitlines() or [f"bash -n exit {proc.returncode}"])[0]
+
+
+def yaml_syntax(text: str) -> str | None:
+    import yaml
+
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        return str(exc).replace("\n", " ")
+    return None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def flag_values(args: list[str]) -> dict[str, str]:
+    """--flag -> its last value (Megatron's argparse keeps the last occurrence)."""
+    values: dict[str, str] = {}
+    for i, tok in enumerate(args):
+        if tok.startswith("--") and "=" in tok:
+            k, v = tok.split("=", 1)
+            values[k] = v
+        elif tok.startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            values[tok] = args[i + 1]
+    return values
+
+
+def check_layout(settings: dict[str, Any], nnodes: Any, nproc: Any, npus_per_node: int,
+                 report: Report, line: int | None) -> None:
+    """TP/PP/CP/EP against the launcher's ranks with rankmap.validate_layout."""
+    par = {k: _int(v) for k, v in settings.items()}
+    raw = {k: v for k, v in settings.items() if v is not None}
+    for key, value in raw.items():
+        if par[key] is None:
+            report.result.unsupported.append(Finding(line, f"{key}={value}", "not a literal: layout check skipped"))
+            report.checks["layout"] = "skipped (unresolved values)"
+            return
+    tp, pp, cp, ep = (par.get(k) or 1 for k in ("tp", "pp", "cp", "ep"))
+    num_layers = par.get("num_layers")
+    vpp = par.get("vpp")
+    if vpp is None and par.get("layers_per_vstage") and num_layers:
+        vpp = num_layers // pp // par["layers_per_vstage"]
+    n_nodes, n_proc = _int(nnodes), _int(nproc)
+    if n_proc is None:
+        if nproc is not None:
+            report.result.unsupported.append(Finding(line, f"nproc_per_node={nproc}",
+                                                     f"not resolvable; assuming {npus_per_node} (--npus-per-node)"))
+        n_proc = npus_per_node
+    if n_nodes is None:
+        if nnodes is not None:
+            report.result.unsupported.append(Finding(line, f"nnodes={nnodes}", "not resolvable; assuming 1"))
+        n_nodes = 1
+    report.layout = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "nnodes": n_nodes,
+                     "nproc_per_node": n_proc, "npus_per_node": npus_per_node, "world_size": n_nodes * n_proc}
+    problem = None
+    if n_proc > npus_per_node:
+        problem = f"the launcher starts {n_proc} processes per node but a node has {npus_per_node} NPUs (--npus-per-node)"
+    elif tp > npus_per_node or npus_per_node % tp:
+        problem = (f"TP={tp} does not fit in a node of {npus_per_node} NPUs: TP communicates every layer "
+                   "and must stay on a node's HCCS links")
+    else:
+        try:
+            from megatron_npu.layout.rankmap import LayoutError, validate_layout
+        except ImportError:
+            report.checks["layout"] = "partial (megatron_npu.layout.rankmap not available)"
+            return
+        try:
+            _, _, _, dp = validate_layout(tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, nnodes=n_nodes,
+                                          nproc_per_node=n_proc, num_layers=num_layers)
+            report.layout["dp"] = dp
+        except LayoutError as exc:
+            problem = str(exc)
+    if problem:
+        report.errors.append(Finding(line, "parallel layout", problem, "layout"))
+        report.checks["layout"] = "failed: " + problem
+    else:
+        report.checks["layout"] = "ok"
+
+
+def _arguments_module():
+    try:
+        from megatron_npu.training import arguments
+    except ImportError:
+        return None
+    return arguments
+
+
+def check_flags(args: list[str], line: int | None, world_size: int | None, report: Report,
+                already: set[str]) -> None:
+    """Flags pretrain_gpt.py does not accept, then its own validation (ConfigError) of the whole set."""
+    mod = _arguments_module()
+    if mod is None:
+        report.checks["flags"] = "skipped (megatron_npu.training.arguments not available)"
+        return
+    known = set(mod.known_flags()) if hasattr(mod, "known_flags") else set(getattr(mod, "FLAG_DESTS", {}))
+    refusal_for = getattr(mod, "refusal_for", lambda flag: None)
+    ignored = getattr(mod, "IGNORED", {})
+    bad = []
+    for tok in args:
+        flag = tok.split("=", 1)[0]
+        if not flag.startswith("--") or flag in already:
+            continue
+        if flag in ignored:
+            report.result.notes.append(Finding(line, flag, f"accepted, no effect: {ignored[flag]}"))
+        if flag in known:
+            continue
+        bad.append(flag)
+        row = refusal_for(flag)
+        why = row.message(flag) if row is not None else "pretrain_gpt.py does not accept this flag"
+        report.result.unsupported.append(Finding(line, flag, why))
+    if bad:
+        report.checks["flags"] = "not accepted: " + " ".join(bad)
+        return
+    try:
+        mod.parse_args(list(args), world_size=world_size, check_paths=False)
+    except mod.ConfigError as exc:
+        report.result.unsupported.append(Finding(line, "pretrain_gpt.py arguments", str(exc)))
+        report.checks["flags"] = "rejected: " + str(exc)
+        return
+    except SystemExit as exc:  # argparse's own error exit
+        report.result.unsupported.append(Finding(line, "pretrain_gpt.py arguments", f"argparse exit {exc.code}"))
+        report.checks["flags"] = f"rejected (argparse exit {exc.code})"
+        return
+    report.checks["flags"] = "ok (parse_args accepts them)"
+
+
+def migrate_text(text: str, kind: str, *, force: bool = False, npus_per_node: int = 8,
+                 npu_dir: str = DEFAULT_NPU_DIR, name: str = "<text>") -> Report:
+    if kind == "yaml":
+        from .yamlcfg import flatten, migrate_yaml
+
+        err = yaml_syntax(text)
+        if err:
+            raise InputError(f"{name}: not valid YAML: {err}")
+        result = migrate_yaml(text, force=force)
+    else:
+        err = bash_syntax(text)
+        if err:
+            raise InputError(f"{name}: not valid bash (bash -n): {err}")
+        result = migrate_bash(text, force=force, npu_dir=npu_dir)
+    report = Report(input=name, kind=kind, result=result)
+    err = yaml_syntax(result.text) if kind == "yaml" else bash_syntax(result.text)
+    report.checks["syntax"] = "ok" if err is None else "failed: " + err
+    if err:
+        report.errors.append(Finding(None, "syntax", f"the migrated file does not parse: {err}", "syntax"))
+    if kind == "yaml":
+        import yaml
+
+        flat = flatten(yaml.safe_load(result.text))
+        # a YAML config does not say how many nodes run it: only check that TP fits in a node
+        check_layout({"tp": flat.get("tensor_model_parallel_size")}, 1, npus_per_node, npus_per_node, report, None)
+        report.layout = {"tp": report.layout.get("tp"), "pp": flat.get("pipeline_model_parallel_size"),
+                         "npus_per_node": npus_per_node, "world_size": None}
+        if not result.refused:
+            with tempfile.TemporaryDirectory() as tmp:
+                cfg = Path(tmp, "config.yaml")
+                cfg.write_text(result.text, encoding="utf-8")
+                # the smallest world that runs the layout (DP=1): a YAML file names no node count
+                world = 1
+                for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+                    world *= _int(flat.get(key)) or 1
+                check_flags(["--yaml-cfg", str(cfg)], None, world, report, set())
+            for f in result.unsupported:  # name the input, not the temporary copy
+                f.reason = f.reason.replace(str(cfg), name)
+            report.checks["flags"] = report.checks["flags"].replace(str(cfg), name)
+    else:
+        launch = find_launch(result.text)
+        if launch is None:
+            result.unsupported.append(Finding(None, "launch", "no command running pretrain_gpt.py was found: "
+                                              "layout and flag checks skipped"))
+            report.checks["layout"] = report.checks["flags"] = "skipped (no launch command)"
+        else:
+            values = flag_values(launch.args)
+            settings = {k: values.get(flag) for k, (flag, _) in _PARALLEL.items()}
+            if launch.kind == "torchrun":
+                nproc = launch.launcher_value("--nproc_per_node", "--nproc-per-node") or "1"
+                nnodes = launch.launcher_value("--nnodes") or "1"
+                check_layout(settings, nnodes, nproc, npus_per_node, report, launch.line)
+                if "torch.distributed.launch" in launch.launcher:
+                    result.notes.append(Finding(launch.line, "python -m torch.distributed.launch",
+                                                "kept: deprecated by PyTorch in favour of torchrun; it passes "
+                                                "--local-rank, which pretrain_gpt.py accepts"))
+            elif launch.kind == "python":
+                check_layout(settings, 1, 1, npus_per_node, report, launch.line)
+            else:  # srun, mpirun, ...: the rank count is not in the script's literals
+                check_layout({"tp": settings["tp"]}, 1, npus_per_node, npus_per_node, report, launch.line)
+                report.checks["layout"] += f" (TP only: {launch.launcher[0]} launcher, world size unknown)"
+                report.layout["world_size"] = None
+            refused = {f.item.split()[0] for f in result.refused}
+            world = report.layout.get("world_size")
+            if world is None:  # unknown: the smallest world that runs the layout (DP=1)
+                world = 1
+                for key in ("tp", "pp", "cp"):
+                    world *= _int(settings.get(key)) or 1
+            check_flags(launch.args, launch.line, world, report, refused)
+    if result.refused or (report.errors and not force):
+        report.verdict = "refused"
+    elif result.unsupported or result.forced or report.errors:
+        report.verdict = "ok-with-warnings"
+    return report
+
+
+def default_output(path: str) -> str:
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.npu{p.suffix}"))
+
+
+def summary(report: Report) -> str:
+    r = report.result
+    lines = [f"{report.input} ({report.kind}) -> {report.output or '(not written)'}: {report.verdict}"]
+    for c in r.changes:
+        what = "deleted" if c.after is None else ("added " + c.after.strip() if c.before is None else c.after.strip())
+        lines.append(f"  line {c.line:4} [{c.rule}] {what}  ({c.reason})")
+    for title, items in (("refused", r.refused + report.errors), ("dropped (--force)", r.forced),
+                         ("unsupported", r.unsupported), ("notes", r.notes)):
+        for f in items:
+            where = f"line {f.line:4}" if f.line else "         "
+            lines.append(f"  {title}: {where} {f.item}: {f.reason}")
+    lines.append("  checks: " + ", ".join(f"{k} {v}" for k, v in report.checks.items()))
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="megatron-npu migrate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("input", nargs="?", help="a Megatron-LM launch script (bash) or --yaml-cfg file")
+    p.add_argument("-o", "--output", help="where the migrated file goes (default: NAME.npu.EXT beside the input)")
+    p.add_argument("--report", help="write the JSON report here")
+    p.add_argument("--npus-per-node", type=int, default=8, help="NPUs per node for the layout check (default 8)")
+    p.add_argument("--force", action="store_true",
+                   help="drop what NPUs cannot run (fp8) and write the output even when a check fails")
+    p.add_argument("--kind", choices=("auto", "bash", "yaml"), default="auto")
+    p.add_argument("--megatron-npu-dir", default=DEFAULT_NPU_DIR,
+                   help="default of MEGATRON_NPU_DIR written into the script (default: this checkout)")
+    p.add_argument("--list-rules", action="store_true", help="print the rules and their reasons")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of the summary")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list_rules:
+        print(format_rules())
+        return 0
+    if not args.input:
+        print("megatron-npu migrate: give INPUT (or --list-rules)", file=sys.stderr)
+        return 2
+    if args.npus_per_node < 1:
+        print("megatron-npu migrate: --npus-per-node must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        text = Path(args.input).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"megatron-npu migrate: cannot read {args.input}: {exc}", file=sys.stderr)
+        return 2
+    kind = detect_kind(args.input, text) if args.kind == "auto" else args.kind
+    try:
+        report = migrate_text(text, kind, force=args.force, npus_per_node=args.npus_per_node,
+                              npu_dir=args.megatron_npu_dir, name=args.input)
+    except InputError as exc:
+        print(f"megatron-npu migrate: {exc}", file=sys.stderr)
+        return 2
+    if report.verdict != "refused":
+        report.output = args.output or default_output(args.input)
+        Path(report.output).write_text(report.result.text, encoding="utf-8")
+    if args.report:
+        Path(args.report).write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(report.to_json(), indent=2) if args.json else summary(report))
+    if report.verdict == "refused":
+        fp8 = [f.item for f in report.result.refused]
+        if fp8:
+            print(f"megatron-npu migrate: refused: fp8 is not supported on the Ascend 910B: {', '.join(fp8)} "
+                  "(--force drops them)", file=sys.stderr)
+        for f in report.errors:
+            print(f"megatron-npu migrate: refused: {f.item}: {f.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Fused kernels for the math megatron-core computes unfused, each with its torch twin.
+
+The accelerator says which fusions its device has (``fused_ops()``) and hands out the
+kernel (``fused_kernel(key)``); where it has none, the torch function here runs the
+same math as megatron-core's unfused path. ``patches/fused_ops.py`` routes
+megatron-core's rotary embedding and SwiGLU through these on the npu target; the
+RMSNorm module is built by the SP-capable norm on every target.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from megatron_npu.accelerator import get_accelerator
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = torch.chunk(x, 2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def rotary(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """RoPE on the first ``freqs.shape[-1]`` channels of ``t`` (half-split, not interleaved)."""
+    rot_dim = freqs.shape[-1]
+    t_rot, t_pass = t[..., :rot_dim], t[..., rot_dim:]
+    cos, sin = torch.cos(freqs).to(t.dtype), torch.sin(freqs).to(t.dtype)
+    kernel = get_accelerator().fused_kernel("rotary")
+    if kernel is not None:
+        rotated = kernel(t_rot, cos, sin)
+    else:
+        rotated = t_rot * cos + _rotate_half(t_rot) * sin
+    return torch.cat((rotated, t_pass), dim=-1) if t_pass.shape[-1] else rotated
+
+
+def swiglu(x: torch.Tensor) -> torch.Tensor:
+    """silu(first half) * second half of the last dimension (megatron's gated linear unit)."""
+    kernel = get_accelerator().fused_kernel("swiglu")
+    if kernel is not None:
+        return kernel(x, dim=-1)
+    gate, linear = torch.chunk(x, 2, dim=-1)
+    return F.silu(gate) * linear
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    kernel = get_accelerator().fused_kernel("rms_norm")
+    if kernel is not None:
+        return kernel(x, weight, epsilon=eps)[0]
+    return F.rms_norm(x, weight.shape, weight, eps)
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """torch.nn.RMSNorm whose forward runs the device's fused kernel where there is one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps if self.eps is not None else torch.finfo(x.dtype).eps)

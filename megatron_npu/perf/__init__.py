@@ -1,0 +1,1 @@
+"""Performance tools: the communication counter (``comm``) behind the performance report."""

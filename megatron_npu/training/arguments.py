@@ -1,0 +1,1141 @@
+"""Megatron-LM's GPT argument surface (core_r0.8 .. core_r0.12) for ``pretrain_gpt.py``.
+
+Same flag spellings and the same argparse ``dest`` names as Megatron-LM's
+``megatron/training/arguments.py``, so an existing launch script runs unchanged and the
+trainer reads ``args.<dest>`` exactly as Megatron-LM code does. ``parse_args`` then does
+what Megatron-LM's ``validate_args`` does (derived values, consistency asserts), plus the
+layout and path checks that Megatron-LM only hits after process groups exist -- here
+every problem is a ``ConfigError`` whose one-line message names the flags to change,
+raised before any rank touches a device.
+
+Pure Python: no torch/megatron import (the migration tool imports this module).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import fnmatch
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message names the flags to change."""
+
+
+# ---------------------------------------------------------------------------------------
+# Refused and ignored flags
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A Megatron-LM flag this trainer refuses.
+
+    ``flag`` is an option string or an fnmatch pattern (``--moe-*``). ``allowed`` lists the
+    values that are still accepted (e.g. ``--ckpt-format torch_dist``); ``None`` means the
+    flag is refused whenever it is given.
+    """
+
+    flag: str
+    reason: str
+    alternative: str
+    allowed: tuple[str, ...] | None = None
+
+    def message(self, given: str | None = None, value: Any = None) -> str:
+        what = given or self.flag
+        if self.allowed is not None and value is not None:
+            what = f"{what} {_value_str(value)}"
+        return f"{what} is not supported: {self.reason}; {self.alternative}"
+
+
+_TE = "Transformer Engine is CUDA-only"
+_FP8 = "Ascend 910B has no fp8/fp4 compute"
+_MOE = "MoE is not supported by this trainer yet"
+_DROP = "drop the flag"
+
+# Exact rows before patterns: refusal_for() returns the first match.
+REFUSED: tuple[Refusal, ...] = (
+    Refusal("--transformer-impl", _TE,
+            "use --transformer-impl local (the default; `megatron-npu migrate` rewrites it)", ("local",)),
+    Refusal("--ckpt-format", "only the torch_dist distributed checkpoint format is supported",
+            "use --ckpt-format torch_dist (the default)", ("torch_dist",)),
+    Refusal("--context-parallel-size", "context parallelism is not supported by this trainer yet",
+            "use --context-parallel-size 1 (the default)", ("1",)),
+    Refusal("--cp-comm-type", "context parallelism is not supported by this trainer yet", _DROP, ("p2p",)),
+    Refusal("--hierarchical-context-parallel-sizes", "context parallelism is not supported by this trainer yet",
+            _DROP),
+    Refusal("--expert-model-parallel-size", _MOE, "use --expert-model-parallel-size 1 (the default)", ("1",)),
+    Refusal("--expert-tensor-parallel-size", _MOE, _DROP),
+    Refusal("--num-experts", _MOE, "drop --num-experts (dense model)", ("0", "None")),
+    Refusal("--moe-*", _MOE, _DROP),
+    Refusal("--cuda-graph-impl", "CUDA graphs are CUDA-only", _DROP, ("none",)),
+    Refusal("--enable-cuda-graph", "CUDA graphs are CUDA-only", _DROP),
+    Refusal("--external-cuda-graph", "CUDA graphs are CUDA-only", _DROP),
+    Refusal("--cuda-graph-*", "CUDA graphs are CUDA-only", _DROP),
+    Refusal("--te-rng-tracker", _TE, _DROP),
+    Refusal("--tp-comm-*", f"TP communication/GEMM overlap uses TE userbuffers ({_TE})", _DROP),
+    Refusal("--disable-tp-comm-*", f"TP communication/GEMM overlap uses TE userbuffers ({_TE})", _DROP),
+    Refusal("--fp8*", _FP8, "use --bf16"),
+    Refusal("--no-fp8*", _FP8, "use --bf16"),
+    Refusal("--fp4*", _FP8, "use --bf16"),
+    Refusal("--first-last-layers-bf16", _FP8, "use --bf16"),
+    Refusal("--use-torch-fsdp2", "FSDP is not supported by this trainer",
+            "use --use-distributed-optimizer (shards optimizer state across data-parallel ranks)"),
+    Refusal("--use-custom-fsdp", "FSDP is not supported by this trainer",
+            "use --use-distributed-optimizer (shards optimizer state across data-parallel ranks)"),
+    Refusal("--use-megatron-fsdp", "FSDP is not supported by this trainer",
+            "use --use-distributed-optimizer (shards optimizer state across data-parallel ranks)"),
+    Refusal("--async-save", "asynchronous checkpoint saving is not supported yet", "drop it (saves are synchronous)"),
+    Refusal("--use-legacy-models", "legacy (non-megatron-core) models are gone; megatron-core models are always used",
+            _DROP),
+    Refusal("--multi-latent-attention", "multi-latent attention is not supported by this trainer", _DROP),
+    Refusal("--mtp-num-layers", "multi-token prediction is not supported by this trainer", _DROP),
+    Refusal("--decoder-first-pipeline-num-layers", "uneven pipeline stages are not supported by this trainer",
+            "make --num-layers divisible by --pipeline-model-parallel-size"),
+    Refusal("--decoder-last-pipeline-num-layers", "uneven pipeline stages are not supported by this trainer",
+            "make --num-layers divisible by --pipeline-model-parallel-size"),
+    Refusal("--pipeline-model-parallel-layout", "custom pipeline layouts are not supported by this trainer",
+            "use --num-layers-per-virtual-pipeline-stage for interleaving"),
+    Refusal("--account-for-embedding-in-pipeline-split", "uneven pipeline stages are not supported by this trainer",
+            _DROP),
+    Refusal("--account-for-loss-in-pipeline-split", "uneven pipeline stages are not supported by this trainer",
+            _DROP),
+    Refusal("--overlap-param-gather-with-optimizer-step",
+            "Megatron-LM does not support it with distributed checkpointing (always on here)", _DROP),
+)
+
+# Accepted for compatibility, no effect in this trainer: recorded in args.ignored_flags
+# (flag, reason) when given, for the trainer to print once.
+IGNORED: dict[str, str] = {
+    "--use-mcore-models": "megatron-core models are always used",
+    "--no-async-tensor-model-parallel-allreduce": "deprecated in Megatron-LM; no effect",
+    "--use-dist-ckpt": "deprecated in Megatron-LM; --ckpt-format torch_dist is always distributed",
+    "--dist-ckpt-format": "deprecated in Megatron-LM; see --ckpt-format",
+    "--ckpt-fully-parallel-save": "deprecated in Megatron-LM; fully parallel save is the default",
+    "--no-persist-layer-norm": "there is no persistent layer-norm kernel on this target",
+    "--manual-gc": "the trainer keeps Python's default garbage collector",
+    "--manual-gc-interval": "the trainer keeps Python's default garbage collector",
+    "--no-manual-gc-eval": "the trainer keeps Python's default garbage collector",
+    "--attention-backend": "the local transformer implementation picks the attention kernel for the device",
+    "--use-checkpoint-args": "model arguments are not read back from the checkpoint; pass them on the command line",
+    "--use-mp-args-from-checkpoint-args": "parallel sizes are not read back from the checkpoint",
+    "--tiktoken-pattern": "TikTokenizer is not supported; the flag only applies to it",
+    "--no-create-attention-mask-in-dataloader": "the causal mask is built by the attention kernel",
+    "--empty-unused-memory-level": "the device allocator cache is not emptied per iteration",
+    "--log-energy": "energy counters are CUDA-only",
+}
+
+
+def _value_str(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
+def refusal_for(flag: str) -> Refusal | None:
+    """The REFUSED row that covers an option string (``--x`` or ``--x=v``), or None."""
+    name = flag.split("=", 1)[0]
+    for row in REFUSED:
+        if name == row.flag:
+            return row
+    for row in REFUSED:
+        if any(c in row.flag for c in "*?[") and fnmatch.fnmatchcase(name, row.flag):
+            return row
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Parser
+# ---------------------------------------------------------------------------------------
+
+# The --tokenizer-type values megatron_npu.data.tokenizers.build_tokenizer implements (its
+# TOKENIZER_TYPES); spelled out here so this module imports nothing from the package.
+TOKENIZER_TYPES: tuple[str, ...] = (
+    "NullTokenizer",
+    "SentencePieceTokenizer",
+    "GPTSentencePieceTokenizer",
+    "Llama2Tokenizer",
+    "HuggingFaceTokenizer",
+    "GPT2BPETokenizer",
+)
+_SPM_TOKENIZERS = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
+_EXT = "[megatron-npu extension] "
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError instead of printing usage and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(message)
+
+
+def _add_network_size_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(title="network size")
+    g.add_argument("--num-layers", type=int, default=None, help="Number of transformer layers.")
+    g.add_argument("--hidden-size", type=int, default=None, help="Transformer hidden size.")
+    g.add_argument("--ffn-hidden-size", type=int, default=None,
+                   help="Feed-forward hidden size; 4*hidden-size (int(8*h/3/64)*64 with --swiglu) if not given.")
+    g.add_argument("--num-attention-heads", type=int, default=None, help="Number of attention heads.")
+    g.add_argument("--attention-backend", type=str, default="auto",
+                   choices=["flash", "fused", "unfused", "local", "auto"],
+                   help="Attention backend (accepted; the device picks the kernel).")
+    g.add_argument("--kv-channels", type=int, default=None,
+                   help="Projection size per head; hidden-size // num-attention-heads if not given.")
+    g.add_argument("--group-query-attention", action="store_true", help="Use group-query attention.")
+    g.add_argument("--num-query-groups", type=int, default=1)
+    g.add_argument("--max-position-embeddings", type=int, default=None,
+                   help="Size of the position embedding; --seq-length if not given.")
+    g.add_argument("--position-embedding-type", type=str, default="learned_absolute",
+                   choices=["learned_absolute", "rope", "none"], help="Position embedding type.")
+    g.add_argument("--use-rotary-position-embeddings", action="store_true",
+                   help="Deprecated: use --position-embedding-type rope.")
+    g.add_argument("--rotary-base", type=int, default=10000, help="Base of rotary embeddings.")
+    g.add_argument("--rotary-percent", type=float, default=1.0, help="Percent of rotary dimension to use.")
+    g.add_argument("--rotary-interleaved", action="store_true", help="Use interleaved rotary embedding.")
+    g.add_argument("--rotary-seq-len-interpolation-factor", type=int, default=None,
+                   help="Sequence length interpolation factor for rotary embeddings.")
+    g.add_argument("--use-rope-scaling", action="store_true", help="Apply rope scaling as used in llama3.x.")
+    g.add_argument("--rope-scaling-factor", type=float, default=8.0, help="Rope scaling factor (llama3.x).")
+    g.add_argument("--no-position-embedding", action="store_false", dest="add_position_embedding",
+                   help="Deprecated: use --position-embedding-type.")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                   help="Pad the vocab size to be divisible by this value.")
+    g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
+    g.add_argument("--norm-epsilon", type=float, default=1e-5, help="Epsilon for layer norm and RMS norm.")
+    g.add_argument("--apply-layernorm-1p", action="store_true", help="Zero-centered LayerNorm weights.")
+    g.add_argument("--apply-residual-connection-post-layernorm", action="store_true",
+                   help="Use original BERT residual connection ordering.")
+    g.add_argument("--openai-gelu", action="store_true", help="Use OpenAI's GeLU implementation.")
+    g.add_argument("--squared-relu", action="store_true", help="Use squared relu instead of gelu.")
+    g.add_argument("--swiglu", action="store_true", help="Use gated linear units and SiLU.")
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
+                   help="Untie embeddings and output weights.")
+
+
+def _add_regularization_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(title="regularization")
+    g.add_argument("--attention-dropout", type=float, default=0.1, help="Post attention dropout probability.")
+    g.add_argument("--hidden-dropout", type=float, default=0.1, help="Dropout probability for hidden state.")
+    g.add_argument("--weight-decay", type=float, default=0.01, help="Weight decay coefficient.")
+    g.add_argument("--start-weight-decay", type=float, help="Initial weight decay coefficient.")
+    g.add_argument("--end-weight-decay", type=float, help="End of run weight decay coefficient.")
+    g.add_argument("--weight-decay-incr-style", type=str, default="constant",
+                   choices=["constant", "linear", "cosine"], help="Weight decay increment function.")
+    g.add_argument("--clip-grad", type=float, default=1.0, help="Gradient clipping on global L2 norm.")
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.999)
+    g.add_argument("--adam-eps", type=float, default=1e-08)
+    g.add_argument("--sgd-momentum", type=float, default=0.9, help="Momentum factor for sgd.")
+
+
+def _add_training_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(title="training")
+    g.add_argument("--micro-batch-size", type=int, default=None, help="Batch size per model instance.")
+    g.add_argument("--batch-size", type=int, default=None, help="Old batch size parameter, do not use.")
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help="Training batch size; micro-batch-size * data-parallel-size if not given.")
+    g.add_argument("--rampup-batch-size", nargs="*", default=None,
+                   help="<start batch size> <batch size increment> <ramp-up samples>.")
+    g.add_argument("--step-batch-size-schedule", nargs="+", default=None, metavar="ITER:GBS",
+                   help=_EXT + "Step changes of the global batch size, e.g. '0:32 1000:64' "
+                   "(iteration-based training; parsed into a list of (iteration, global batch size)).")
+    g.add_argument("--recompute-activations", action="store_true",
+                   help="Recompute activations (selective granularity).")
+    g.add_argument("--recompute-granularity", type=str, default=None, choices=["full", "selective"])
+    g.add_argument("--no-check-for-nan-in-loss-and-grad", action="store_false",
+                   dest="check_for_nan_in_loss_and_grad", help="Do not check for NaNs in loss and grad.")
+    g.add_argument("--check-for-spiky-loss", action="store_true", dest="check_for_spiky_loss")
+    g.add_argument("--check-for-large-grads", action="store_true", dest="check_for_large_grads")
+    g.add_argument("--distribute-saved-activations", action="store_true",
+                   help="Distribute recomputed activations across the model parallel group.")
+    g.add_argument("--recompute-method", type=str, default=None, choices=["uniform", "block"])
+    g.add_argument("--recompute-num-layers", type=int, default=None)
+    g.add_argument("--recompute-modules", nargs="*", type=str, default=None)
+    g.add_argument("--no-clone-scatter-output-in-embedding", action="store_false",
+                   dest="clone_scatter_output_in_embedding")
+    g.add_argument("--profile", action="store_true", help="Enable profiling between the profile steps.")
+    g.add_argument("--profile-step-start", type=int, default=10, help="Global step to start profiling.")
+    g.add_argument("--profile-step-end", type=int, default=12, help="Global step to stop profiling.")
+    g.add_argument("--iterations-to-skip", nargs="+", type=int, default=[])
+    g.add_argument("--use-pytorch-profiler", action="store_true", dest="use_pytorch_profiler",
+                   help="Use the built-in pytorch profiler.")
+    g.add_argument("--profile-ranks", nargs="+", type=int, default=[0], help="Global ranks to profile.")
+    g.add_argument("--record-memory-history", action="store_true", default=False)
+    g.add_argument("--memory-snapshot-path", type=str, default="snapshot.pickle")
+    g.add_argument("--use-cpu-initialization", action="store_true", default=None,
+                   help="Initialize weights on the CPU.")
+    g.add_argument("--empty-unused-memory-level", default=0, type=int, choices=[0, 1, 2])
+    g.add_argument("--deterministic-mode", action="store_true")
+    g.add_argument("--check-weight-hash-across-dp-replicas-interval", type=int, default=None)
+    g.add_argument("--calculate-per-token-loss", action="store_true")
+    g.add_argument("--train-sync-interval", type=int, default=None)
+    g.add_argument("--checkpoint-activations", action="store_true", help="Deprecated; do not use.")
+    g.add_argument("--train-iters", type=int, default=None, help="Total number of iterations to train.")
+    g.add_argument("--train-samples", type=int, default=None, help="Total number of samples to train.")
+    g.add_argument("--log-interval", type=int, default=100, help="Report loss and timing interval.")
+    g.add_argument("--exit-interval", type=int, default=None)
+    g.add_argument("--exit-duration-in-mins", type=int, default=None)
+    g.add_argument("--exit-signal-handler", action="store_true")
+    g.add_argument("--tensorboard-dir", type=str, default=None)
+    g.add_argument("--no-masked-softmax-fusion", action="store_false", dest="masked_softmax_fusion")
+    g.add_argument("--no-bias-gelu-fusion", action="store_false", dest="bias_gelu_fusion")
+    g.add_argument("--no-bias-swiglu-fusion", action="store_false", dest="bias_swiglu_fusion")
+    g.add_argument("--no-bias-dropout-fusion", action="store_false", dest="bias_dropout_fusion")
+    g.add_argument("--no-rope-fusion", action="store_false", dest="apply_rope_fusion")
+    g.add_argument("--apply-rope-fusion", action="store_true", dest="apply_rope_fusion",
+                   help="Legacy spelling (rope fusion is on by default).")
+    g.add_argument("--cross-entropy-loss-fusion", action="store_true", dest="cross_entropy_loss_fusion")
+    g.add_argument("--use-flash-attn", action="store_true", help="Use a flash attention kernel.")
+    g.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear",
+                   help="Disable bias in the linear layers.")
+    g.add_argument("--add-qkv-bias", action="store_true", dest="add_qkv_bias",
+                   help="Enable bias only in the QKV linear layers.")
+    g.add_argument("--optimizer", type=str, default="adam", choices=["adam", "sgd"])
+    g.add_argument("--dataloader-type", type=str, default=None, choices=["single", "cyclic", "external"])
+    g.add_argument("--no-async-tensor-model-parallel-allreduce", action="store_false",
+                   dest="async_tensor_model_parallel_allreduce", help="Deprecated; ignored.")
+    g.add_argument("--no-persist-layer-norm", action="store_true")
+    g.add_argument("--sequence-parallel", action="store_true", help="Enable sequence parallelism.")
+    g.add_argument("--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion")
+    g.add_argument("--use-mcore-models", action="store_true", dest="deprecated_use_mcore_models",
+                   help="Deprecated no-op: megatron-core models are always used.")
+    g.add_argument("--manual-gc", action="store_true")
+    g.add_argument("--manual-gc-interval", type=int, default=0)
+    g.add_argument("--no-manual-gc-eval", action="store_false", dest="manual_gc_eval")
+
+
+def _add_initialization_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(title="initialization")
+    g.add_argument("--seed", type=int, default=1234, help="Random seed.")
+    g.add_argument("--data-parallel-random-init", action="store_true")
+    g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument("--init-method-xavier-uniform", action="store_true")
+
+
+def _add_learning_rate_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(title="learning rate")
+    g.add_argument("--lr", type=float, default=None, help="Initial (peak) learning rate.")
+    g.add_argument("--lr-decay-style", type=str, default="linear",
+                   choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
+    g.add_argument("--lr-wsd-decay-style", type=str, default="exponential",
+                   choices=["exponential", "linear", "cosine"])
+    g.add_argument("--lr-decay-iters", type=int, default=None)
+    g.add_argument("--lr-decay-samples", type=int, default=None)
+    g.add_argument("--lr-wsd-decay-samples", type=int, default=None)
+    g.add_argument("--lr-wsd-decay-iters", type=int, default=None)
+    g.add_argument("--lr-warmup-fraction", type=float, default=None)
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-warmup-samples", type=int, default=0)
+    g.add_argument("--lr-warmup-init", type=float, default=0.0)
+    g.add_argument("--warmup", type=int, default=None, help="Old lr warmup argument, do not use.")
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler", action="store_true",
+                   dest="override_opt_param_scheduler")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+                   action="store_true", dest="use_checkpoint_opt_param_scheduler")
+    g.add_argument("--decoupled-lr", type=float, default=None)
+    g.add_argument("--decoupled-min-lr", type=float, default=None)
+
+
+def _add_checkpointing_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(title="checkpointing")
+    g.add_argument("--save", type=str, default=None, help="Output directory to save checkpoints to.")
+    g.add_argument("--save-interval", "--persistent-save-interval", type=int, default=None, dest="save_interval")
+    g.add_argument("--save-retain-interval", type=int, default=None)
+    g.add_argument("--no-save-optim", action="store_true", default=None)
+    g.add_argument("--no-save-rng", action="store_true", default=None)
+    g.add_argument("--load", type=str, default=None, help="Directory containing a model checkpoint.")
+    g.add_argument("--no-load-optim", action="store_true", default=None)
+    g.add_argument("--no-load-rng", action="store_true", default=None)
+    g.add_argument("--finetune", action="store_true")
+    g.add_argument("--pretrained-checkpoint", type=str, default=None)
+    g.add_argument("--ckpt-step", type=int, default=None)
+    g.add_argument("--no-initialization", action="store_false", dest="perform_initialization")
+    g.add_argument("--use-checkpoint-args", action="store_true")
+    g.add_argument("--use-mp-args-from-checkpoint-args", action="store_true")
+    g.add_argument("--exit-on-missing-checkpoint", action="store_true")
+    g.add_argument("--use-dist-ckpt", action="store_true", dest="use_dist_ckpt_deprecated",
+                   help="Deprecated: see --ckpt-format.")
+    g.add_argument("--auto-detect-ckpt-format", action="store_true")
+    g.add_argument("--dist-ckpt-format", dest="dist_ckpt_format_deprecated", help="Deprecated: see --ckpt-format.")
+    g.add_argument("--ckpt-format", default="torch_dist",
+                   choices=["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"],
+                   help="Checkpoint format; only torch_dist is supported here.")
+    g.add_argument("--ckpt-fully-parallel-save", action="store_true", dest="ckpt_fully_parallel_save_deprecated")
+    g.add_argument("--no-ckpt-fully-parallel-save", action="store_false", dest="ckpt_fully_parallel_save")
+    g.add_argument("--ckpt-fully-parallel-load", action="store_true")
+    g.add_argument("--ckpt-assume-constant-structure", action="store_true")
+    g.add_argument("--dist-ckpt-strictness", type=str, default="assume_ok_unexpected",
+                   choices=["assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected",
+                            "raise_all", "return_unexpected", "return_all", "ignore_all"])
+
+
+def _add_mixed_precision_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(title="mixed precision")
+    g.add_argument("--fp16", action="store_true", help="Run model in fp16 mode.")
+    g.add_argument("--bf16", action="store_true", help="Run model in bfloat16 mode.")
+    g.add_argument("--grad-reduce-in-bf16", action="store_true", help="Reduce gradients in bfloat16.")
+    g.add_argument("--loss-scale", type=float, default=None, help="Static loss scale; dynamic if not given.")
+    g.add_argument("--initial-loss-scale", type=float, default=2**32)
+    g.add_argument("--min-loss-scale", type=float, default=1.0)
+    g.add_argument("--loss-scale-window", type=float, default=1000)
+    g.add_argument("--hysteresis", type=int, default=2)
+    g.add_argument("--fp32-residual-connection", action="store_true")
+    g.add_argument("--apply-query-key-layer-scaling", action="store_true")
+    g.add_argument("--attention-softmax-in-fp32", action="store_true")
+    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
+    g.add_argument("--fp16-lm-cross-entropy", action="store_true")
+
+
+def _add_distributed_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(title="distributed")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--model-parallel-size", type=int, default=None, help="Old argument, do not use.")
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
+    g.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
+    g.add_argument("--microbatch-group-size-per-virtual-pipeline-stage", type=int, default=None,
+                   dest="microbatch_group_size_per_vp_stage",
+                   help="Contiguous microbatches per virtual pipeline stage; pipeline size if not given.")
+    g.add_argument("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm")
+    g.add_argument("--overlap-p2p-communication-warmup-flush", action="store_true", default=False,
+                   dest="overlap_p2p_comm_warmup_flush")
+    g.add_argument("--distributed-backend", default="nccl", choices=["nccl", "hccl", "gloo"],
+                   help="Collective backend; nccl is mapped to the device's backend (hccl on Ascend).")
+    g.add_argument("--distributed-timeout-minutes", type=int, default=10)
+    g.add_argument("--overlap-grad-reduce", action="store_true", default=False)
+    g.add_argument("--defer-embedding-wgrad-compute", action="store_true", default=False)
+    g.add_argument("--wgrad-deferral-limit", type=int, default=0)
+    g.add_argument("--no-align-grad-reduce", action="store_false", dest="align_grad_reduce")
+    g.add_argument("--ddp-num-buckets", type=int, default=None)
+    g.add_argument("--ddp-bucket-size", type=int, default=None)
+    g.add_argument("--ddp-pad-buckets-for-high-nccl-busbw", action="store_true", default=False)
+    g.add_argument("--ddp-average-in-collective", action="store_true", default=False)
+    g.add_argument("--overlap-param-gather", action="store_true", default=False)
+    g.add_argument("--no-align-param-gather", action="store_false", dest="align_param_gather")
+    g.add_argument("--no-scatter-gather-tensors-in-pipeline", action="store_false",
+                   dest="scatter_gather_tensors_in_pipeline")
+    g.add_argument("--local-rank", type=int, default=int(os.getenv("LOCAL_RANK", "0")))
+    g.add_argument("--use-distributed-optimizer", action="store_true")
+    g.add_argument("--num-distributed-optimizer-instances", type=int, default=1)
+    g.add_argument("--context-parallel-size", type=int, default=1)
+    g.add_argument("--cp-comm-type", nargs="+", type=str, default=["p2p"])
+    g.add_argument("--use-tp-pp-dp-mapping", action="store_true", default=False)
+    g.add_argument("--expert-model-parallel-size", type=int, default=1)
+    g.add_argument("--num-experts", type=int, default=None)
+    g.add_argument("--transformer-impl", default="local", choices=["local", "transformer_engine"],
+                   help="Transformer implementation; only local (the default here) is supported.")
+    g.add_argument("--cuda-graph-impl", type=str, default="none", choices=["none", "local", "transformer_engine"])
+
+
+def _add_validation_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(title="validation")
+    g.add_argument("--eval-iters", type=int, default=100)
+    g.add_argument("--eval-interval", type=int, default=1000)
+    g.add_argument("--skip-train", action="store_true", default=False)
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(title="data and dataloader")
+    g.add_argument("--data-path", nargs="*", default=None,
+                   help="A prefix, prefixes, or weight-prefix pairs (w1 p1 w2 p2).")
+    g.add_argument("--split", type=str, default=None, help="e.g. 969,30,1 (the default with --data-path).")
+    g.add_argument("--train-data-path", nargs="*", default=None)
+    g.add_argument("--valid-data-path", nargs="*", default=None)
+    g.add_argument("--test-data-path", nargs="*", default=None)
+    g.add_argument("--data-cache-path", default=None)
+    g.add_argument("--no-mmap-bin-files", action="store_false", dest="mmap_bin_files")
+    g.add_argument("--mock-data", action="store_true")
+    g.add_argument("--seq-length", type=int, default=None, help="Maximum sequence length to process.")
+    g.add_argument("--num-workers", type=int, default=2, help="Dataloader number of workers.")
+    g.add_argument("--reset-position-ids", action="store_true")
+    g.add_argument("--reset-attention-mask", action="store_true")
+    g.add_argument("--eod-mask-loss", action="store_true")
+    g.add_argument("--no-create-attention-mask-in-dataloader", action="store_false",
+                   dest="create_attention_mask_in_dataloader")
+    g.add_argument("--num-dataset-builder-threads", type=int, default=1)
+    g.add_argument("--data-loader-delay-ms", type=float, default=0.0,
+                   help=_EXT + "test only: sleep this long per batch to simulate a slow data loader.")
+
+
+def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(title="tokenizer")
+    g.add_argument("--vocab-size", type=int, default=None, help="Size of vocab before EOD or padding.")
+    g.add_argument("--vocab-file", type=str, default=None)
+    g.add_argument("--merge-file", type=str, default=None)
+    g.add_argument("--vocab-extra-ids", type=int, default=0)
+    g.add_argument("--tokenizer-type", type=str, default=None, choices=list(TOKENIZER_TYPES))
+    g.add_argument("--tokenizer-model", type=str, default=None,
+                   help="SentencePiece model file, or a local HuggingFace tokenizer directory.")
+    g.add_argument("--tiktoken-pattern", type=str, default=None)
+
+
+def _add_logging_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(title="logging")
+    g.add_argument("--log-params-norm", action="store_true")
+    g.add_argument("--log-num-zeros-in-grad", action="store_true")
+    g.add_argument("--log-throughput", action="store_true")
+    g.add_argument("--log-progress", action="store_true")
+    g.add_argument("--timing-log-level", type=int, default=0, choices=range(0, 3))
+    g.add_argument("--log-energy", action="store_true")
+    g.add_argument("--no-barrier-with-level-1-timing", action="store_false", dest="barrier_with_L1_time")
+    g.add_argument("--timing-log-option", type=str, default="minmax", choices=["max", "minmax", "all"])
+    g.add_argument("--tensorboard-log-interval", type=int, default=1)
+    g.add_argument("--tensorboard-queue-size", type=int, default=1000)
+    g.add_argument("--log-timers-to-tensorboard", action="store_true")
+    g.add_argument("--no-log-loss-scale-to-tensorboard", action="store_false", dest="log_loss_scale_to_tensorboard")
+    g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true")
+    g.add_argument("--log-memory-to-tensorboard", action="store_true")
+    g.add_argument("--log-world-size-to-tensorboard", action="store_true")
+    g.add_argument("--wandb-project", type=str, default="")
+    g.add_argument("--wandb-exp-name", type=str, default="")
+    g.add_argument("--wandb-save-dir", type=str, default="")
+    g.add_argument("--logging-level", type=int, default=None)
+    g.add_argument("--log-dir", type=str, default=None,
+                   help=_EXT + "directory for the timers JSON and layout.json (the trainer picks one if not given).")
+
+
+def _add_misc_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(title="vision / experimental (GPT-relevant subset)")
+    g.add_argument("--qk-layernorm", action="store_true", help="Layer-normalize q and k.")
+    g.add_argument("--yaml-cfg", type=str, default=None,
+                   help="YAML file of argument values (keys: dests or flag names without dashes, flat or "
+                   "in sections); explicit command-line flags win over it.")
+    g.add_argument("--spec", type=str, default=None, nargs="*", help="Accepted for compatibility; must be unset.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Megatron-LM's GPT argument parser (groups as in megatron/training/arguments.py)."""
+    p = _Parser(description="megatron-npu pretrain_gpt.py (Megatron-LM arguments)", allow_abbrev=False)
+    _add_network_size_args(p)
+    _add_regularization_args(p)
+    _add_training_args(p)
+    _add_initialization_args(p)
+    _add_learning_rate_args(p)
+    _add_checkpointing_args(p)
+    _add_mixed_precision_args(p)
+    _add_distributed_args(p)
+    _add_validation_args(p)
+    _add_data_args(p)
+    _add_tokenizer_args(p)
+    _add_logging_args(p)
+    _add_misc_args(p)
+    return p
+
+
+def _flag_dests(parser: argparse.ArgumentParser) -> dict[str, str]:
+    return {s: a.dest for a in parser._actions for s in a.option_strings if s.startswith("--") and s != "--help"}
+
+
+#: Every accepted option string -> its argparse dest (the migration tool uses the keys).
+FLAG_DESTS: dict[str, str] = _flag_dests(build_parser())
+
+
+def known_flags() -> set[str]:
+    """Every option string pretrain_gpt.py accepts (refused flags with an allowed value included)."""
+    return set(FLAG_DESTS)
+
+
+# ---------------------------------------------------------------------------------------
+# YAML
+# ---------------------------------------------------------------------------------------
+
+# TransformerConfig spellings that Megatron-LM YAML files use for our dests.
+_YAML_ALIASES = {"layernorm_epsilon": "norm_epsilon", "num_moe_experts": "num_experts"}
+
+
+def _actions_by_dest(parser: argparse.ArgumentParser) -> dict[str, list[argparse.Action]]:
+    out: dict[str, list[argparse.Action]] = {}
+    for a in parser._actions:
+        if a.option_strings:
+            out.setdefault(a.dest, []).append(a)
+    return out
+
+
+def _coerce(action: argparse.Action, value: Any, where: str) -> Any:
+    """A YAML value converted the way argparse converts the same text."""
+    flag = action.option_strings[0]
+    conv = action.type or str
+    try:
+        if action.nargs in ("*", "+") or isinstance(action.nargs, int):
+            items = value.split() if isinstance(value, str) else (value if isinstance(value, list) else [value])
+            return [conv(v) for v in items]
+        out = conv(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"--yaml-cfg {where}: {value!r} is not a valid value for {flag} ({e})") from None
+    if action.choices is not None and out not in action.choices:
+        raise ConfigError(f"--yaml-cfg {where}: {value!r} is not one of {list(action.choices)} ({flag})")
+    return out
+
+
+def _yaml_defaults(path: str, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], list[str]]:
+    """(dest -> value, flags named) from a Megatron-LM style YAML file."""
+    import yaml  # only when --yaml-cfg is used
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"--yaml-cfg {path}: no such file")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--yaml-cfg {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--yaml-cfg {path}: expected a mapping of argument names to values")
+
+    by_dest = _actions_by_dest(parser)
+    values: dict[str, Any] = {}
+    flags: list[str] = []
+
+    def visit(mapping: dict, prefix: str) -> None:
+        for key, value in mapping.items():
+            key = str(key)
+            where = f"{path}: {prefix}{key}"
+            norm = _YAML_ALIASES.get(key.replace("-", "_"), key.replace("-", "_"))
+            flag = "--" + key.replace("_", "-")
+            if norm not in by_dest and flag not in FLAG_DESTS and isinstance(value, dict):
+                visit(value, f"{prefix}{key}.")  # a section (language_model, model_parallel, ...)
+                continue
+            if value is None:
+                continue  # Megatron-LM YAML files spell "unset" as null
+            row = refusal_for(flag) if flag not in FLAG_DESTS else None
+            if row is None and norm not in by_dest and flag not in FLAG_DESTS:
+                row = refusal_for("--" + norm.replace("_", "-"))
+            if row is not None and row.allowed is None:
+                if value is False:
+                    continue
+                raise ConfigError(f"--yaml-cfg {where}: " + row.message(flag))
+            if norm == "yaml_cfg":
+                raise ConfigError(f"--yaml-cfg {where}: a YAML file cannot name another --yaml-cfg")
+            if flag in FLAG_DESTS and norm not in by_dest:
+                # A flag spelling whose dest differs (e.g. disable_bias_linear -> add_bias_linear).
+                action = next(a for a in parser._actions if flag in a.option_strings)
+                if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+                    if not isinstance(value, bool):
+                        raise ConfigError(f"--yaml-cfg {where}: {flag} takes true/false, not {value!r}")
+                    if value:
+                        values[action.dest] = action.const
+                    flags.append(flag)
+                    continue
+                values[action.dest] = _coerce(action, value, where)
+                flags.append(flag)
+                continue
+            if norm not in by_dest:
+                close = difflib.get_close_matches(norm, list(by_dest), n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ConfigError(f"--yaml-cfg {where}: unknown argument{hint}")
+            action = by_dest[norm][0]
+            if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"--yaml-cfg {where}: {norm} takes true/false, not {value!r}")
+                values[norm] = value
+                named = [a for a in by_dest[norm] if a.const == value]
+                if named:  # the flag this value stands for (none when it equals the default)
+                    flags.append(named[0].option_strings[0])
+                continue
+            values[norm] = _coerce(action, value, where)
+            flags.append(action.option_strings[0])
+
+    visit(data, "")
+    return values, flags
+
+
+# ---------------------------------------------------------------------------------------
+# parse_args / validation
+# ---------------------------------------------------------------------------------------
+
+
+def _given_flags(argv: list[str]) -> list[str]:
+    out = []
+    for tok in argv:
+        if tok == "--":
+            break
+        if tok.startswith("--") and len(tok) > 2:
+            out.append(tok.split("=", 1)[0])
+    return out
+
+
+def parse_args(
+    argv: list[str] | None = None, *, world_size: int | None = None, check_paths: bool = True
+) -> argparse.Namespace:
+    """Parse Megatron-LM GPT arguments, fill derived values, check the layout; ConfigError on any problem.
+
+    ``world_size`` defaults to ``$WORLD_SIZE`` (1 when unset). With ``check_paths`` the data
+    prefixes and tokenizer files must exist.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    given = _given_flags(argv)
+    for flag in given:
+        if flag in FLAG_DESTS:
+            continue
+        row = refusal_for(flag)
+        if row is not None:
+            raise ConfigError(row.message(flag))
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        raise ConfigError(_unrecognized(extra))
+    yaml_flags: list[str] = []
+    if args.yaml_cfg is not None:
+        defaults, yaml_flags = _yaml_defaults(args.yaml_cfg, parser)
+        parser.set_defaults(**defaults)
+        args = parser.parse_args(argv)  # explicit flags win over YAML values
+    args.ignored_flags = []
+    args.config_warnings = []
+    seen = set()
+    for flag in given + yaml_flags:
+        if flag in IGNORED and flag not in seen:
+            seen.add(flag)
+            args.ignored_flags.append((flag, IGNORED[flag]))
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    validate_args(args, world_size=world_size, check_paths=check_paths, given=set(given) | set(yaml_flags))
+    return args
+
+
+def _unrecognized(extra: list[str]) -> str:
+    bad = [t for t in extra if t.startswith("-")] or extra
+    parts = []
+    for tok in bad:
+        name = tok.split("=", 1)[0]
+        close = difflib.get_close_matches(name, list(FLAG_DESTS), n=1) if name.startswith("--") else []
+        parts.append(f"{tok} (did you mean {close[0]}?)" if close else tok)
+    return "unrecognized arguments: " + " ".join(parts) + " (pretrain_gpt.py does not accept them)"
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _split_blend(tokens: list[str]) -> tuple[list[float] | None, list[str]]:
+    """Megatron-LM's --data-path forms: prefixes, or weight-prefix pairs."""
+    if len(tokens) >= 2 and len(tokens) % 2 == 0:
+        try:
+            weights = [float(t) for t in tokens[0::2]]
+        except ValueError:
+            return None, list(tokens)
+        return weights, list(tokens[1::2])
+    return None, list(tokens)
+
+
+def _parse_rampup(values: list[str]) -> tuple[int, int, int]:
+    if len(values) != 3:
+        raise ConfigError("--rampup-batch-size takes 3 integers: <start batch size> <increment> <ramp-up samples>, "
+                          f"got {len(values)}")
+    try:
+        start, incr, samples = (int(v) for v in values)
+    except ValueError:
+        raise ConfigError(f"--rampup-batch-size {' '.join(values)}: expected 3 integers") from None
+    return start, incr, samples
+
+
+def _parse_step_schedule(values: list[str]) -> list[tuple[int, int]]:
+    items = " ".join(values).replace(",", " ").split()
+    out: list[tuple[int, int]] = []
+    for item in items:
+        try:
+            it, gbs = item.split(":")
+            out.append((int(it), int(gbs)))
+        except ValueError:
+            raise ConfigError(f"--step-batch-size-schedule: {item!r} is not ITER:GBS (e.g. '0:32 1000:64')") from None
+    if not out:
+        raise ConfigError("--step-batch-size-schedule: give at least one ITER:GBS pair")
+    iters = [i for i, _ in out]
+    if any(i < 0 for i in iters) or iters != sorted(set(iters)):
+        raise ConfigError("--step-batch-size-schedule: iterations must be >= 0 and strictly increasing")
+    if any(g <= 0 for _, g in out):
+        raise ConfigError("--step-batch-size-schedule: global batch sizes must be positive")
+    return out
+
+
+def _check_value_refusals(args: argparse.Namespace) -> None:
+    for row in REFUSED:
+        if row.allowed is None or row.flag not in FLAG_DESTS:
+            continue
+        value = getattr(args, FLAG_DESTS[row.flag])
+        if _value_str(value) not in row.allowed:
+            raise ConfigError(row.message(row.flag, value))
+
+
+def validate_args(
+    args: argparse.Namespace, *, world_size: int, check_paths: bool = True, given: set[str] | None = None
+) -> argparse.Namespace:
+    """Megatron-LM's validate_args for GPT, plus layout and path checks; fills derived values in place."""
+    given = given or set()
+    warn = args.config_warnings if hasattr(args, "config_warnings") else []
+    args.config_warnings = warn
+    if not hasattr(args, "ignored_flags"):
+        args.ignored_flags = []
+
+    _check_value_refusals(args)
+    if args.spec:
+        raise ConfigError("--spec is not supported: this trainer builds the GPT layer spec itself; drop the flag")
+
+    # Deprecated Megatron-LM arguments (Megatron-LM asserts the same).
+    for dest, flag, instead in (("batch_size", "--batch-size", "--micro-batch-size"),
+                                ("warmup", "--warmup", "--lr-warmup-fraction or --lr-warmup-iters"),
+                                ("model_parallel_size", "--model-parallel-size", "--tensor-model-parallel-size")):
+        if getattr(args, dest) is not None:
+            raise ConfigError(f"{flag} is no longer valid; use {instead}")
+        delattr(args, dest)
+    if args.checkpoint_activations:
+        raise ConfigError("--checkpoint-activations is no longer valid; use --recompute-activations, or "
+                          "--recompute-granularity and --recompute-method")
+    del args.checkpoint_activations
+
+    args.rank = int(os.environ.get("RANK", "0"))
+    args.world_size = world_size
+    args.use_legacy_models = False
+    args.use_mcore_models = True
+    args.use_dist_ckpt = True  # torch_dist is the only format
+    args.transformer_pipeline_model_parallel_size = args.pipeline_model_parallel_size
+    args.expert_tensor_parallel_size = args.tensor_model_parallel_size
+    args.no_mmap_bin_files = not args.mmap_bin_files
+
+    # Required model/batch arguments.
+    for dest in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size"):
+        if getattr(args, dest) is None:
+            raise ConfigError(f"--{dest.replace('_', '-')} is required")
+    for dest in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
+                 "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        if getattr(args, dest) <= 0:
+            raise ConfigError(f"--{dest.replace('_', '-')} must be positive, got {getattr(args, dest)}")
+    args.encoder_num_layers = args.num_layers
+    args.encoder_seq_length = args.seq_length
+
+    # Position embeddings.
+    if args.use_rotary_position_embeddings:
+        args.position_embedding_type = "rope"
+    if not args.add_position_embedding and args.position_embedding_type != "rope":
+        raise ConfigError("--no-position-embedding is deprecated; use --position-embedding-type none (or rope)")
+    if args.position_embedding_type != "rope":
+        args.apply_rope_fusion = False
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    if args.position_embedding_type == "learned_absolute" and args.seq_length > args.max_position_embeddings:
+        raise ConfigError(f"--seq-length {args.seq_length} is larger than --max-position-embeddings "
+                          f"{args.max_position_embeddings} (learned absolute position embeddings); raise "
+                          "--max-position-embeddings or lower --seq-length")
+
+    # Model shape.
+    if args.swiglu and args.squared_relu:
+        raise ConfigError("--swiglu and --squared-relu are mutually exclusive; pick one")
+    if args.ffn_hidden_size is None:
+        if args.swiglu:
+            # Megatron-LM: keep the parameter count of a 4h MLP, rounded down to a multiple of 64.
+            args.ffn_hidden_size = int((4 * args.hidden_size * 2 / 3) / 64) * 64
+        else:
+            args.ffn_hidden_size = 4 * args.hidden_size
+    if args.kv_channels is None:
+        if args.hidden_size % args.num_attention_heads != 0:
+            raise ConfigError(f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads "
+                              f"{args.num_attention_heads}; change one, or set --kv-channels")
+        args.kv_channels = args.hidden_size // args.num_attention_heads
+    if args.group_query_attention:
+        if args.num_query_groups <= 0 or args.num_attention_heads % args.num_query_groups != 0:
+            raise ConfigError(f"--num-attention-heads {args.num_attention_heads} is not divisible by "
+                              f"--num-query-groups {args.num_query_groups}")
+    else:
+        if "--num-query-groups" in given and args.num_query_groups != args.num_attention_heads:
+            args.ignored_flags.append(("--num-query-groups", "ignored without --group-query-attention"))
+        args.num_query_groups = args.num_attention_heads
+
+    # Activation recomputation (Megatron-LM validate_args + TransformerConfig checks).
+    if args.recompute_activations:
+        args.recompute_granularity = "selective"
+    del args.recompute_activations
+    if args.recompute_granularity == "selective" and args.recompute_method is not None:
+        raise ConfigError("--recompute-method is not supported with --recompute-granularity selective "
+                          "(or --recompute-activations); drop --recompute-method or use --recompute-granularity full")
+    if args.recompute_granularity == "full":
+        if args.recompute_method is None:
+            raise ConfigError("--recompute-granularity full needs --recompute-method uniform|block")
+        if args.recompute_num_layers is None:
+            raise ConfigError("--recompute-granularity full needs --recompute-num-layers")
+    if args.distribute_saved_activations:
+        if args.tensor_model_parallel_size == 1 or args.recompute_granularity != "full":
+            raise ConfigError("--distribute-saved-activations needs --tensor-model-parallel-size > 1 and "
+                              "--recompute-granularity full")
+
+    # Sequence parallelism is off when TP is 1 (Megatron-LM warns and turns it off).
+    if args.tensor_model_parallel_size == 1:
+        if args.sequence_parallel:
+            warn.append("--sequence-parallel turned off: --tensor-model-parallel-size is 1")
+        args.sequence_parallel = False
+
+    # Weight decay schedule.
+    if args.weight_decay_incr_style == "constant":
+        if args.start_weight_decay is not None or args.end_weight_decay is not None:
+            raise ConfigError("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear|cosine")
+        args.start_weight_decay = args.weight_decay
+        args.end_weight_decay = args.weight_decay
+    elif args.start_weight_decay is None or args.end_weight_decay is None:
+        raise ConfigError(f"--weight-decay-incr-style {args.weight_decay_incr_style} needs --start-weight-decay "
+                          "and --end-weight-decay")
+
+    # Mixed precision.
+    if args.fp16 and args.bf16:
+        raise ConfigError("--fp16 and --bf16 are mutually exclusive; pick one (--bf16 on Ascend)")
+    args.params_dtype = "float32"
+    if args.fp16:
+        args.params_dtype = "float16"
+        if not args.loss_scale:
+            # Dynamic loss scaling treats NaN/inf grads as a signal, as in Megatron-LM.
+            args.check_for_nan_in_loss_and_grad = False
+    if args.bf16:
+        args.params_dtype = "bfloat16"
+        if args.grad_reduce_in_bf16:
+            args.accumulate_allreduce_grads_in_fp32 = False
+        else:
+            args.accumulate_allreduce_grads_in_fp32 = True
+    if args.fp16_lm_cross_entropy and not args.fp16:
+        raise ConfigError("--fp16-lm-cross-entropy needs --fp16")
+    if args.fp32_residual_connection and not (args.fp16 or args.bf16):
+        raise ConfigError("--fp32-residual-connection needs --fp16 or --bf16")
+    if args.apply_query_key_layer_scaling:
+        args.attention_softmax_in_fp32 = True
+    if not args.add_bias_linear:
+        args.bias_gelu_fusion = False
+    if args.add_bias_linear:
+        args.add_qkv_bias = True
+
+    # Training length and learning-rate schedule.
+    if args.train_iters is not None and args.train_samples is not None:
+        raise ConfigError("--train-iters and --train-samples are mutually exclusive; give one")
+    if args.train_iters is None and args.train_samples is None and not args.skip_train:
+        raise ConfigError("give --train-iters (iteration-based) or --train-samples (sample-based training)")
+    if args.train_iters:
+        if args.lr_decay_samples is not None:
+            raise ConfigError("--lr-decay-samples needs sample-based training; use --lr-decay-iters with --train-iters")
+        if args.lr_warmup_samples:
+            raise ConfigError("--lr-warmup-samples needs sample-based training; use --lr-warmup-iters with "
+                              "--train-iters")
+        if args.rampup_batch_size is not None:
+            raise ConfigError("--rampup-batch-size needs sample-based training (as in Megatron-LM): use "
+                              "--train-samples instead of --train-iters, or drop --rampup-batch-size")
+        if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
+            raise ConfigError("--lr-warmup-fraction and --lr-warmup-iters are mutually exclusive; give one")
+    if args.train_samples:
+        if args.lr_decay_iters is not None:
+            raise ConfigError("--lr-decay-iters needs iteration-based training; use --lr-decay-samples with "
+                              "--train-samples")
+        if args.lr_warmup_iters:
+            raise ConfigError("--lr-warmup-iters needs iteration-based training; use --lr-warmup-samples with "
+                              "--train-samples")
+        if args.lr_warmup_fraction is not None and args.lr_warmup_samples:
+            raise ConfigError("--lr-warmup-fraction and --lr-warmup-samples are mutually exclusive; give one")
+    if args.lr is None and not args.skip_train:
+        raise ConfigError("--lr is required")
+    if args.lr is not None and args.min_lr > args.lr:
+        raise ConfigError(f"--min-lr {args.min_lr} is larger than --lr {args.lr}")
+    if args.lr_decay_style == "WSD" and not args.skip_train:
+        if args.train_iters and args.lr_wsd_decay_iters is None:
+            raise ConfigError("--lr-decay-style WSD needs --lr-wsd-decay-iters")
+        if args.train_samples and args.lr_wsd_decay_samples is None:
+            raise ConfigError("--lr-decay-style WSD needs --lr-wsd-decay-samples")
+    if args.save is not None and (args.save_interval is None or args.save_interval <= 0):
+        raise ConfigError("--save needs a positive --save-interval")
+    if args.save_retain_interval is not None and (
+            args.save_interval is None or args.save_retain_interval % args.save_interval != 0):
+        raise ConfigError("--save-retain-interval must be a multiple of --save-interval")
+
+    # Distributed optimizer / overlap.
+    if args.overlap_param_gather:
+        if not args.use_distributed_optimizer:
+            raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+        if not args.overlap_grad_reduce:
+            raise ConfigError("--overlap-param-gather needs --overlap-grad-reduce")
+
+    # Data sources.
+    if args.data_path is not None and args.split is None:
+        args.split = "969, 30, 1"  # Megatron-LM's legacy default
+        warn.append('--split not given with --data-path: using Megatron-LM\'s legacy default "969, 30, 1"')
+    per_split = any(p is not None for p in (args.train_data_path, args.valid_data_path, args.test_data_path))
+    sources = int(bool(args.mock_data)) + int(bool(args.data_path)) + int(per_split)
+    if sources > 1:
+        raise ConfigError("give one data source: --data-path, or --train/valid/test-data-path, or --mock-data")
+    if sources == 0 and not args.skip_train:
+        raise ConfigError("no training data: give --data-path PREFIX (build one with `megatron-npu preprocess`) "
+                          "or --mock-data")
+    if args.dataloader_type is None:
+        args.dataloader_type = "single"
+
+    # Tokenizer.
+    if args.tokenizer_type is None and args.vocab_file and args.merge_file:
+        args.tokenizer_type = "GPT2BPETokenizer"  # what Megatron-LM's GPT examples mean without --tokenizer-type
+    if args.tokenizer_type is None and not args.mock_data:
+        raise ConfigError(f"--tokenizer-type is required (one of {', '.join(TOKENIZER_TYPES)})")
+    if args.tokenizer_type == "NullTokenizer" and args.vocab_size is None:
+        raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size")
+
+    # Trainer state Megatron-LM keeps on args.
+    args.consumed_train_samples = 0
+    args.skipped_train_samples = 0
+    args.consumed_valid_samples = 0
+    args.variable_seq_lengths = False
+
+    _check_layout(args, world_size)
+    if check_paths:
+        _check_paths(args)
+    return args
+
+
+def _check_layout(args: argparse.Namespace, world_size: int) -> None:
+    """Parallel layout checks, before any process group exists."""
+    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
+    model = tp * pp * cp
+    if world_size <= 0:
+        raise ConfigError(f"world size must be positive, got {world_size}")
+    if world_size % model != 0:
+        fits = ", ".join(str(d) for d in _divisors(world_size))
+        raise ConfigError(
+            f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
+            f"--pipeline-model-parallel-size {pp} x --context-parallel-size {cp} = {model}; "
+            f"TP x PP x CP must be one of {fits}")
+    dp = world_size // model
+    args.data_parallel_size = dp
+
+    if args.num_attention_heads % tp != 0:
+        raise ConfigError(f"--num-attention-heads {args.num_attention_heads} is not divisible by "
+                          f"--tensor-model-parallel-size {tp}")
+    if args.num_query_groups % tp != 0:
+        raise ConfigError(f"--num-query-groups {args.num_query_groups} is not divisible by "
+                          f"--tensor-model-parallel-size {tp}; use a TP size that divides the query groups")
+    if args.ffn_hidden_size % tp != 0:
+        raise ConfigError(f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by "
+                          f"--tensor-model-parallel-size {tp}")
+    if args.sequence_parallel and args.seq_length % tp != 0:
+        raise ConfigError(f"--sequence-parallel needs --seq-length {args.seq_length} divisible by "
+                          f"--tensor-model-parallel-size {tp}")
+
+    # Pipeline / virtual pipeline (Megatron-LM validate_args).
+    if args.num_layers % pp != 0:
+        raise ConfigError(f"--num-layers {args.num_layers} is not divisible by --pipeline-model-parallel-size {pp}")
+    layers_per_stage = args.num_layers // pp
+    if args.num_layers_per_virtual_pipeline_stage is not None and args.num_virtual_stages_per_pipeline_rank is not None:
+        raise ConfigError("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank "
+                          "are mutually exclusive; give one")
+    vpp: int | None = None
+    if args.num_layers_per_virtual_pipeline_stage is not None:
+        per_vstage = args.num_layers_per_virtual_pipeline_stage
+        if per_vstage <= 0 or layers_per_stage % per_vstage != 0:
+            raise ConfigError(f"layers per pipeline stage ({args.num_layers} / {pp} = {layers_per_stage}) is not "
+                              f"divisible by --num-layers-per-virtual-pipeline-stage {per_vstage}")
+        vpp = layers_per_stage // per_vstage
+    elif args.num_virtual_stages_per_pipeline_rank is not None:
+        vpp = args.num_virtual_stages_per_pipeline_rank
+        if vpp <= 0 or layers_per_stage % vpp != 0:
+            raise ConfigError(f"layers per pipeline stage ({args.num_layers} / {pp} = {layers_per_stage}) is not "
+                              f"divisible by --num-virtual-stages-per-pipeline-rank {vpp}")
+    if vpp == 1:
+        vpp = None
+    args.virtual_pipeline_model_parallel_size = vpp
+    if args.microbatch_group_size_per_vp_stage is None:
+        args.microbatch_group_size_per_vp_stage = pp
+    if vpp is not None:
+        flag = ("--num-layers-per-virtual-pipeline-stage" if args.num_layers_per_virtual_pipeline_stage is not None
+                else "--num-virtual-stages-per-pipeline-rank")
+        if args.overlap_p2p_comm and pp <= 1:
+            raise ConfigError(f"{flag} (interleaved schedule) needs --pipeline-model-parallel-size > 1")
+        if not args.overlap_p2p_comm and pp <= 2:
+            raise ConfigError(f"{flag} with --no-overlap-p2p-communication needs --pipeline-model-parallel-size > 2")
+    else:
+        args.overlap_p2p_comm = False  # only the interleaved schedule overlaps p2p
+        args.align_param_gather = False
+    args.batch_p2p_comm = not args.overlap_p2p_comm
+
+    # Batch sizes.
+    if args.micro_batch_size <= 0:
+        raise ConfigError("--micro-batch-size must be positive")
+    per_step = args.micro_batch_size * dp
+    if args.global_batch_size is None:
+        args.global_batch_size = per_step
+    if args.global_batch_size <= 0:
+        raise ConfigError("--global-batch-size must be positive")
+
+    def _gbs_check(gbs: int, flag: str) -> None:
+        if gbs % per_step != 0:
+            raise ConfigError(
+                f"{flag} {gbs} is not divisible by --micro-batch-size {args.micro_batch_size} x data-parallel size "
+                f"{dp} (= world size {world_size} / (TP {tp} x PP {pp} x CP {cp})) = {per_step}")
+        if vpp is not None:
+            m = gbs // per_step
+            n = args.microbatch_group_size_per_vp_stage
+            if n > m or n < pp:
+                raise ConfigError(
+                    f"interleaved pipeline schedule: {flag} {gbs} gives {m} micro-batches per step, but "
+                    f"--microbatch-group-size-per-virtual-pipeline-stage {n} must lie in [PP={pp}, M={m}]; "
+                    "raise --global-batch-size or lower --micro-batch-size")
+            if 0 < m % n < pp:
+                raise ConfigError(
+                    f"interleaved pipeline schedule: {m} micro-batches per step ({flag} {gbs}) leave a remainder of "
+                    f"{m % n} when grouped by --microbatch-group-size-per-virtual-pipeline-stage {n}; it must be 0 or "
+                    f">= --pipeline-model-parallel-size {pp}")
+
+    _gbs_check(args.global_batch_size, "--global-batch-size")
+
+    if args.rampup_batch_size is not None:
+        start, incr, samples = _parse_rampup(args.rampup_batch_size)
+        if start <= 0 or incr <= 0 or samples < 0:
+            raise ConfigError("--rampup-batch-size: start and increment must be positive, ramp-up samples >= 0")
+        diff = args.global_batch_size - start
+        if diff < 0 or diff % incr != 0:
+            raise ConfigError(f"--rampup-batch-size {start} {incr} {samples}: --global-batch-size "
+                              f"{args.global_batch_size} minus the start {start} must be a non-negative multiple of "
+                              f"the increment {incr}")
+        for value, what in ((start, "start"), (incr, "increment")):
+            if value % per_step != 0:
+                raise ConfigError(f"--rampup-batch-size {what} {value} is not divisible by --micro-batch-size "
+                                  f"{args.micro_batch_size} x data-parallel size {dp} = {per_step}")
+        args.rampup_batch_size = [str(start), str(incr), str(samples)]
+
+    if args.step_batch_size_schedule is not None:
+        schedule = _parse_step_schedule(args.step_batch_size_schedule)
+        if args.rampup_batch_size is not None:
+            raise ConfigError("--step-batch-size-schedule and --rampup-batch-size are mutually exclusive")
+        if not args.train_iters and not args.skip_train:
+            raise ConfigError("--step-batch-size-schedule needs iteration-based training (--train-iters)")
+        for _, gbs in schedule:
+            _gbs_check(gbs, "--step-batch-size-schedule batch size")
+        args.step_batch_size_schedule = schedule
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    for flag, dest in (("--data-path", "data_path"), ("--train-data-path", "train_data_path"),
+                       ("--valid-data-path", "valid_data_path"), ("--test-data-path", "test_data_path")):
+        tokens = getattr(args, dest)
+        if not tokens:
+            continue
+        weights, prefixes = _split_blend(tokens)
+        if weights is not None and any(w < 0 for w in weights):
+            raise ConfigError(f"{flag}: weights must be non-negative")
+        for prefix in prefixes:
+            missing = [ext for ext in (".bin", ".idx") if not os.path.isfile(prefix + ext)]
+            if missing:
+                hint = ""
+                if prefix.endswith((".bin", ".idx")):
+                    hint = f" (a prefix names the files without the suffix: {prefix[:-4]})"
+                raise ConfigError(
+                    f"{flag} {prefix}: {' and '.join(prefix + e for e in missing)} not found{hint}; build the "
+                    "dataset with `megatron-npu preprocess --input FILE.jsonl --output-prefix PREFIX ...`")
+    if args.mock_data or args.tokenizer_type in (None, "NullTokenizer"):
+        return
+    t = args.tokenizer_type
+    if t in _SPM_TOKENIZERS:
+        _need_path(args.tokenizer_model, "--tokenizer-model", t, directory=False)
+    elif t == "HuggingFaceTokenizer":
+        _need_path(args.tokenizer_model, "--tokenizer-model", t, directory=None)
+    elif t == "GPT2BPETokenizer":
+        _need_path(args.vocab_file, "--vocab-file", t, directory=False)
+        _need_path(args.merge_file, "--merge-file", t, directory=False)
+
+
+def _need_path(path: str | None, flag: str, kind: str, *, directory: bool | None) -> None:
+    if not path:
+        raise ConfigError(f"--tokenizer-type {kind} needs {flag}")
+    ok = os.path.exists(path) if directory is None else (os.path.isdir(path) if directory else os.path.isfile(path))
+    if not ok:
+        raise ConfigError(f"{flag} {path}: no such file (needed by --tokenizer-type {kind})")

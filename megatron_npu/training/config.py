@@ -1,0 +1,153 @@
+"""megatron-core's typed configs built from Megatron-LM arguments.
+
+One function per config; the argument namespace is read here and nowhere else in
+megatron-core's terms, so a new flag lands in exactly one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from megatron.core.activations import squared_relu
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.utils import openai_gelu
+
+from megatron_npu.accelerator import get_accelerator
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# Fusions implemented as CUDA extensions: used only where the extension imports.
+# The TorchScript fusions (bias-gelu, bias-swiglu, bias-dropout-add) are used where
+# the accelerator says the jit fuser serves it; elsewhere the same math runs unfused.
+CUDA_EXTENSION_FUSIONS = {
+    "masked_softmax_fusion": "scaled_masked_softmax_cuda",
+    "gradient_accumulation_fusion": "fused_weight_gradient_mlp_cuda",
+    "apply_rope_fusion": "transformer_engine",
+}
+
+
+def params_dtype(args: argparse.Namespace) -> torch.dtype:
+    if args.bf16:
+        return torch.bfloat16
+    if args.fp16:
+        return torch.float16
+    return torch.float32
+
+
+def available_fusions(args: argparse.Namespace) -> dict[str, bool]:
+    """The CUDA-extension fusions the arguments ask for, and whether they can run here."""
+    return {
+        name: bool(getattr(args, name, False)) and importlib.util.find_spec(module) is not None
+        for name, module in CUDA_EXTENSION_FUSIONS.items()
+    }
+
+
+def _activation(args: argparse.Namespace) -> tuple[Callable, bool]:
+    """(activation_func, gated_linear_unit) as Megatron-LM derives them."""
+    if args.swiglu:
+        return F.silu, True
+    if args.squared_relu:
+        return squared_relu, False
+    if args.openai_gelu:
+        return openai_gelu, False
+    return F.gelu, False
+
+
+def transformer_config(args: argparse.Namespace) -> TransformerConfig:
+    activation, gated = _activation(args)
+    fusions = available_fusions(args)
+    accelerator = get_accelerator()
+    jit_fusion = accelerator.supports_jit_fusion
+    if args.swiglu:  # megatron's fused SwiGLU path: TorchScript, or the device kernel (patches/fused_ops.py)
+        bias_activation_fusion = args.bias_swiglu_fusion and (jit_fusion or accelerator.fused_ops()["swiglu"])
+    else:  # bias-GeLU fuses only a bias that exists
+        bias_activation_fusion = args.bias_gelu_fusion and jit_fusion and args.add_bias_linear
+    dtype = params_dtype(args)
+    return TransformerConfig(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        ffn_hidden_size=args.ffn_hidden_size,
+        num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups,
+        kv_channels=args.kv_channels,
+        hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout,
+        layernorm_epsilon=args.norm_epsilon,
+        normalization=args.normalization,
+        add_bias_linear=args.add_bias_linear,
+        add_qkv_bias=args.add_qkv_bias or args.add_bias_linear,
+        gated_linear_unit=gated,
+        activation_func=activation,
+        bias_activation_fusion=bool(bias_activation_fusion),
+        bias_dropout_fusion=args.bias_dropout_fusion and jit_fusion,
+        masked_softmax_fusion=fusions["masked_softmax_fusion"],
+        gradient_accumulation_fusion=fusions["gradient_accumulation_fusion"],
+        apply_rope_fusion=fusions["apply_rope_fusion"],
+        init_method_std=args.init_method_std,
+        apply_residual_connection_post_layernorm=args.apply_residual_connection_post_layernorm,
+        apply_query_key_layer_scaling=args.apply_query_key_layer_scaling,
+        attention_softmax_in_fp32=args.attention_softmax_in_fp32,
+        qk_layernorm=args.qk_layernorm,
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
+        sequence_parallel=args.sequence_parallel,
+        overlap_p2p_comm=args.overlap_p2p_comm,
+        batch_p2p_comm=args.batch_p2p_comm,
+        microbatch_group_size_per_vp_stage=args.microbatch_group_size_per_vp_stage,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        fp16=args.fp16,
+        bf16=args.bf16,
+        fp32_residual_connection=getattr(args, "fp32_residual_connection", False),
+        recompute_granularity=args.recompute_granularity,
+        recompute_method=args.recompute_method,
+        recompute_num_layers=args.recompute_num_layers,
+        use_cpu_initialization=bool(args.use_cpu_initialization),
+        deallocate_pipeline_outputs=get_accelerator().stream_ordered_p2p,
+        barrier_with_L1_time=False,
+    )
+
+
+def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
+    return OptimizerConfig(
+        optimizer=args.optimizer,
+        lr=args.lr,
+        min_lr=args.min_lr,
+        weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1,
+        adam_beta2=args.adam_beta2,
+        adam_eps=args.adam_eps,
+        sgd_momentum=args.sgd_momentum,
+        clip_grad=args.clip_grad,
+        fp16=args.fp16,
+        bf16=args.bf16,
+        params_dtype=params_dtype(args),
+        loss_scale=args.loss_scale,
+        initial_loss_scale=args.initial_loss_scale,
+        min_loss_scale=args.min_loss_scale,
+        loss_scale_window=args.loss_scale_window,
+        hysteresis=args.hysteresis,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        overlap_param_gather_with_optimizer_step=False,
+        barrier_with_L1_time=False,
+    )
+
+
+def ddp_config(args: argparse.Namespace) -> DistributedDataParallelConfig:
+    # Megatron-LM reduces bf16 gradients in fp32 (validate_args forces it).
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32 or args.bf16,
+        overlap_grad_reduce=args.overlap_grad_reduce,
+        overlap_param_gather=args.overlap_param_gather,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
+        bucket_size=args.ddp_bucket_size,
+    )

@@ -1,0 +1,184 @@
+"""Datasets, samplers and per-model-chunk data iterators, as Megatron-LM builds them.
+
+Only ranks whose model chunk embeds tokens (first pipeline stage) or computes the
+loss (last stage) read data; the others get ``None`` iterators. Under the
+interleaved pipeline every data-reading chunk gets its own iterator over the same
+sample sequence: the schedule calls each chunk's forward step once per
+microbatch, in microbatch order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterator
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.datasets.utils import get_blend_from_list
+
+from megatron_npu.accelerator import get_accelerator
+
+
+def global_batch_size_at(args: argparse.Namespace, iteration: int) -> int:
+    """The global batch of 1-based ``iteration`` under ``--step-batch-size-schedule``."""
+    size = args.global_batch_size
+    for start, scheduled in args.step_batch_size_schedule or ():
+        if iteration - 1 >= start:
+            size = scheduled
+    return size
+
+
+def total_iterations(args: argparse.Namespace) -> int:
+    """--train-iters, or the iterations --train-samples takes (with the batch-size ramp-up)."""
+    if args.train_iters:
+        return args.train_iters
+    if not args.rampup_batch_size:
+        return args.train_samples // args.global_batch_size
+    start, increment, ramp_samples = (int(v) for v in args.rampup_batch_size)
+    increments = (args.global_batch_size - start) // increment
+    per_increment = ramp_samples / increments if increments else float("inf")
+    consumed = iterations = 0
+    while consumed < args.train_samples:  # megatron-core's RampupBatchsizeNumMicroBatchesCalculator
+        consumed += min(args.global_batch_size, start + int(consumed / per_increment) * increment)
+        iterations += 1
+    return iterations
+
+
+def train_valid_test_num_samples(args: argparse.Namespace) -> list[int]:
+    """Megatron-LM's sample counts: eval runs every eval_interval, plus once at the end."""
+    if args.train_samples:
+        train_samples = args.train_samples
+    else:
+        train_samples = sum(global_batch_size_at(args, i) for i in range(1, args.train_iters + 1))
+    eval_runs = (args.train_iters // args.eval_interval + 1) if args.train_iters else 1
+    eval_samples = eval_runs * args.eval_iters * args.global_batch_size
+    return [train_samples, eval_samples, args.eval_iters * args.global_batch_size]
+
+
+def is_dataset_built_on_rank() -> bool:
+    return parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()
+
+
+def gpt_dataset_config(args: argparse.Namespace, tokenizer: object) -> GPTDatasetConfig:
+    per_split = [get_blend_from_list(p) for p in (args.train_data_path, args.valid_data_path, args.test_data_path)]
+    use_per_split = any(blend is not None for blend in per_split)
+    return GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=None if (args.mock_data or use_per_split) else get_blend_from_list(args.data_path),
+        blend_per_split=per_split if use_per_split and not args.mock_data else None,
+        split=args.split,
+        path_to_cache=args.data_cache_path,
+        mmap_bin_files=not args.no_mmap_bin_files,
+        tokenizer=tokenizer,
+        reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask,
+        eod_mask_loss=args.eod_mask_loss,
+        create_attention_mask=args.reset_attention_mask,
+    )
+
+
+def build_datasets(args: argparse.Namespace, tokenizer: object, num_samples: list[int]) -> list:
+    """(train, valid, test) datasets; called on every rank (the builder synchronises)."""
+    config = gpt_dataset_config(args, tokenizer)
+    dataset_cls = MockGPTDataset if args.mock_data else GPTDataset
+    return BlendedMegatronDatasetBuilder(dataset_cls, num_samples, is_dataset_built_on_rank, config).build()
+
+
+class PretrainingSampler:
+    """Micro-batches of sample indices for one DP rank, resumable at any consumed count.
+
+    The global order is the dataset's; DP rank r takes slice r of each
+    ``micro_batch_size * dp`` block (Megatron-LM's MegatronPretrainingSampler).
+    """
+
+    def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int):
+        self.total_samples = total_samples
+        self.consumed_samples = consumed_samples
+        self.micro_batch_size = micro_batch_size
+        self.dp_rank = dp_rank
+        self.block = micro_batch_size * dp_size
+
+    def __len__(self) -> int:
+        return (self.total_samples - self.consumed_samples) // self.block
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start = self.dp_rank * self.micro_batch_size
+        for block in range(self.consumed_samples, self.total_samples - self.block + 1, self.block):
+            yield list(range(block + start, block + start + self.micro_batch_size))
+
+
+class CyclicSampler(PretrainingSampler):
+    """Wraps around the dataset: validation reuses its samples across evaluations."""
+
+    def __iter__(self) -> Iterator[list[int]]:
+        consumed = self.consumed_samples
+        while True:
+            block = consumed % (self.total_samples - self.total_samples % self.block)
+            start = block + self.dp_rank * self.micro_batch_size
+            yield list(range(start, start + self.micro_batch_size))
+            consumed += self.block
+
+
+class _DelayedIterator:
+    """Test-only slow loader (``--data-loader-delay-ms``): sleeps before each batch."""
+
+    def __init__(self, inner: Iterator, delay_s: float):
+        self.inner, self.delay_s = inner, delay_s
+
+    def __iter__(self) -> _DelayedIterator:
+        return self
+
+    def __next__(self) -> dict:
+        time.sleep(self.delay_s)
+        return next(self.inner)
+
+
+def build_loader(dataset, consumed_samples: int, args: argparse.Namespace, cyclic: bool = False) -> Iterator | None:
+    if dataset is None or len(dataset) == 0:
+        return None
+    sampler_cls = CyclicSampler if cyclic else PretrainingSampler
+    sampler = sampler_cls(
+        len(dataset),
+        consumed_samples,
+        args.micro_batch_size,
+        parallel_state.get_data_parallel_rank(),
+        parallel_state.get_data_parallel_world_size(),
+    )
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=args.num_workers,
+        pin_memory=get_accelerator().supports_pinned_memory(),
+        persistent_workers=args.num_workers > 0,
+        # Its own generator: creating an iterator must not draw from the global RNG,
+        # which (on cpu) is also the dropout RNG a resumed run restores.
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    iterator: Iterator = iter(loader)
+    if args.data_loader_delay_ms:
+        iterator = _DelayedIterator(iterator, args.data_loader_delay_ms / 1000.0)
+    return iterator
+
+
+def chunk_reads_data(vp_stage: int | None) -> bool:
+    first = parallel_state.is_pipeline_first_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage)
+    last = parallel_state.is_pipeline_last_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage)
+    return first or last
+
+
+def build_iterators(
+    datasets: list, num_chunks: int, args: argparse.Namespace
+) -> tuple[list[Iterator | None], list[Iterator | None]]:
+    """Per-chunk (train, valid) iterators; None where the chunk reads no data."""
+    train_ds, valid_ds, _ = datasets
+    train, valid = [], []
+    for chunk in range(num_chunks):
+        vp_stage = chunk if num_chunks > 1 else None
+        reads = chunk_reads_data(vp_stage)
+        train.append(build_loader(train_ds, args.consumed_train_samples, args) if reads else None)
+        valid.append(build_loader(valid_ds, args.consumed_valid_samples, args, cyclic=True) if reads else None)
+    return train, valid

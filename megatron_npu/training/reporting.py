@@ -1,0 +1,143 @@
+"""Megatron-LM's iteration and validation lines, TensorBoard scalars, metrics JSON lines.
+
+The line shapes are Megatron-LM's (training.py ``training_log``), so dashboards and
+scripts that parse them keep working. ``LOG_DIR/metrics.jsonl`` carries the same
+figures at full precision, one line per iteration (the last rank writes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from datetime import datetime
+from typing import IO, Any
+
+from megatron_npu.training.global_vars import print_rank_last
+
+SEPARATOR = "-" * 100
+
+
+def num_floating_point_operations(args: argparse.Namespace, batch_size: int) -> float:
+    """Model FLOPs of one iteration (forward + backward), Megatron-LM's dense-GPT formula."""
+    query_projection_ratio = args.kv_channels * args.num_attention_heads / args.hidden_size
+    gated_multiplier = 3 / 2 if args.swiglu else 1
+    return (
+        12  # 3 passes (fwd, 2x bwd) x 2 FLOPs per multiply-add x 2 GEMMs per projection pair
+        * batch_size
+        * args.seq_length
+        * args.num_layers
+        * args.hidden_size**2
+        * (
+            (1 + args.num_query_groups / args.num_attention_heads + args.seq_length / args.hidden_size)
+            * query_projection_ratio
+            + (args.ffn_hidden_size / args.hidden_size) * gated_multiplier
+            + args.padded_vocab_size / (2 * args.num_layers * args.hidden_size)
+        )
+    )
+
+
+def iteration_line(
+    *,
+    iteration: int,
+    train_iters: int,
+    consumed_samples: int,
+    elapsed_s: float,
+    throughput_tflops: float | None,
+    learning_rate: float,
+    global_batch_size: int,
+    losses: dict[str, float],
+    loss_scale: float,
+    grad_norm: float | None,
+    skipped: int,
+    nans: int,
+    mfu: float | None = None,
+) -> str:
+    line = f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}]"
+    line += f" iteration {iteration:8d}/{train_iters:8d} |"
+    line += f" consumed samples: {consumed_samples:12d} |"
+    line += f" elapsed time per iteration (ms): {elapsed_s * 1000.0:.1f} |"
+    if throughput_tflops is not None:
+        line += f" throughput per GPU (TFLOP/s/GPU): {throughput_tflops:.1f} |"
+    if mfu is not None:
+        line += f" MFU: {mfu * 100:.1f}% |"
+    line += f" learning rate: {learning_rate:.6E} |"
+    line += f" global batch size: {global_batch_size:5d} |"
+    for key, value in losses.items():
+        line += f" {key}: {value:.6E} |"
+    line += f" loss scale: {loss_scale:.1f} |"
+    if grad_norm is not None:
+        line += f" grad norm: {grad_norm:.3f} |"
+    line += f" number of skipped iterations: {skipped:3d} |"
+    line += f" number of nan iterations: {nans:3d} |"
+    return line
+
+
+def validation_lines(prefix: str, losses: dict[str, float]) -> str:
+    text = f" validation loss {prefix} |"
+    for key, value in losses.items():
+        text += f" {key} value: {value:.6E} | {key} PPL: {math.exp(min(20.0, value)):.6E} |"
+    return f"{SEPARATOR}\n{text}\n{SEPARATOR}"
+
+
+class MetricsWriter:
+    """TensorBoard scalars under Megatron-LM's tag names, and metrics.jsonl; last rank only."""
+
+    def __init__(self, args: argparse.Namespace, is_last_rank: bool):
+        self.enabled = is_last_rank
+        self.tensorboard: Any = None
+        self.jsonl: IO[str] | None = None
+        if not is_last_rank:
+            return
+        if args.tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(log_dir=args.tensorboard_dir, max_queue=args.tensorboard_queue_size)
+        if args.log_dir:
+            os.makedirs(args.log_dir, exist_ok=True)
+            self.jsonl = open(os.path.join(args.log_dir, "metrics.jsonl"), "a")
+        self.interval = args.tensorboard_log_interval
+
+    def train(self, iteration: int, consumed_samples: int, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        if self.jsonl:
+            self.jsonl.write(json.dumps({"iteration": iteration, "consumed_samples": consumed_samples, **record}) + "\n")
+            self.jsonl.flush()
+        if self.tensorboard and iteration % self.interval == 0:
+            tags = {
+                "learning-rate": record["learning_rate"],
+                "batch-size": record["global_batch_size"],
+                "lm loss": record["lm_loss"],
+                "loss-scale": record["loss_scale"],
+                "grad-norm": record["grad_norm"],
+                "iteration-time": record["iteration_s"],
+                "throughput": record.get("throughput_tflops"),
+            }
+            for tag, value in tags.items():
+                if value is not None and math.isfinite(value):
+                    self.tensorboard.add_scalar(tag, value, iteration)
+                    self.tensorboard.add_scalar(f"{tag} vs samples", value, consumed_samples)
+
+    def validation(self, iteration: int, consumed_samples: int, losses: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        if self.jsonl:
+            self.jsonl.write(json.dumps({"iteration": iteration, "validation": losses}) + "\n")
+            self.jsonl.flush()
+        if self.tensorboard:
+            for key, value in losses.items():
+                self.tensorboard.add_scalar(f"{key} validation", value, iteration)
+                self.tensorboard.add_scalar(f"{key} validation vs samples", value, consumed_samples)
+                self.tensorboard.add_scalar(f"{key} validation ppl", math.exp(min(20.0, value)), iteration)
+
+    def close(self) -> None:
+        if self.tensorboard:
+            self.tensorboard.close()
+        if self.jsonl:
+            self.jsonl.close()
+
+
+def log_iteration(line_kwargs: dict[str, Any]) -> None:
+    print_rank_last(iteration_line(**line_kwargs))

@@ -1,0 +1,99 @@
+"""Pretrain GPT on megatron-core: Megatron-LM's pretrain_gpt.py, on Ascend NPUs, GPUs or the CPU.
+
+    torchrun --nproc_per_node 8 pretrain_gpt.py <Megatron-LM's flags>
+
+Same shape as Megatron-LM's script (model provider, dataset provider, forward step,
+loss function); the trainer is megatron_npu.training. ``import megatron_npu`` first:
+it patches megatron-core for the running target before anything else touches it.
+"""
+
+import sys
+from functools import partial
+
+# isort: off
+import megatron_npu  # noqa: F401  (first: patches megatron-core for npu / cuda / cpu)
+
+# isort: on
+import torch
+from megatron.core import parallel_state
+from megatron.core.enums import ModelType
+from megatron.core.models.gpt import GPTModel
+
+from megatron_npu.accelerator import get_accelerator
+from megatron_npu.spec import gpt_layer_spec
+from megatron_npu.training import get_args, get_timers, get_tokenizer, print_rank_0
+from megatron_npu.training.config import transformer_config
+from megatron_npu.training.data import build_datasets
+from megatron_npu.training.loop import pretrain
+
+
+def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None) -> GPTModel:
+    """Build one GPT model chunk (the whole model without pipeline parallelism)."""
+    args = get_args()
+    print_rank_0("building GPT model ...")
+    return GPTModel(
+        config=transformer_config(args),
+        transformer_layer_spec=gpt_layer_spec(args),
+        vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        fp16_lm_cross_entropy=args.fp16_lm_cross_entropy,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        rotary_percent=args.rotary_percent,
+        rotary_base=args.rotary_base,
+        seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor,
+        vp_stage=vp_stage,
+    )
+
+
+def get_batch(data_iterator):
+    """The next micro-batch on the device; all None for chunks that read no data."""
+    if data_iterator is None:
+        return None, None, None, None, None
+    batch = next(data_iterator)
+    device = get_accelerator().device()
+    tokens = batch["tokens"].to(device, non_blocking=True)
+    labels = batch["labels"].to(device, non_blocking=True)
+    loss_mask = batch["loss_mask"].to(device, non_blocking=True)
+    position_ids = batch["position_ids"].to(device, non_blocking=True)
+    attention_mask = batch["attention_mask"].to(device, non_blocking=True) if "attention_mask" in batch else None
+    if not parallel_state.is_pipeline_first_stage():
+        tokens = position_ids = None  # a last-stage chunk needs labels and the mask only
+    return tokens, labels, loss_mask, attention_mask, position_ids
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """Mean token loss over the unmasked tokens of the micro-batch."""
+    losses = output_tensor.float()
+    loss_mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses.view(-1) * loss_mask) / loss_mask.sum()
+    return loss, {"lm loss": loss.detach().clone()}
+
+
+def forward_step(data_iterator, model: GPTModel):
+    timers = get_timers()
+    timers("batch-generator", log_level=2).start()
+    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
+    timers("batch-generator").stop()
+    output_tensor = model(tokens, position_ids, attention_mask, labels=labels)
+    return output_tensor, partial(loss_func, loss_mask)
+
+
+def train_valid_test_datasets_provider(train_val_test_num_samples: list[int]):
+    args = get_args()
+    print_rank_0("> building train, validation, and test datasets for GPT ...")
+    return build_datasets(args, get_tokenizer(), train_val_test_num_samples)
+
+
+if __name__ == "__main__":  # the guard matters: dist-checkpointing starts a spawn context
+    sys.exit(
+        pretrain(
+            train_valid_test_datasets_provider,
+            model_provider,
+            ModelType.encoder_or_decoder,
+            forward_step,
+        )
+    )

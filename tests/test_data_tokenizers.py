@@ -1,0 +1,231 @@
+"""Every offline-buildable --tokenizer-type: Megatron-LM's id semantics, round trips, errors.
+
+Semantics checked against Megatron-LM's megatron/training/tokenizer/tokenizer.py:
+_SentencePieceTokenizer adds <CLS>,<SEP>,<EOD>,<MASK> after the model's pieces (eod = <EOD>,
+eos = the model's </s>) and turns their literal text into ids; _GPTSentencePieceTokenizer
+and _Llama2Tokenizer keep the model's ids (eod = eos_id), Llama2 prepends BOS;
+_NullTokenizer has vocab_size + 1 ids with eod last; _HuggingFaceTokenizer calls the
+tokenizer with its defaults (post-processor specials included). GPT-2 BPE and HF
+tokenizers are built here from files written into tmp_path: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from megatron_npu.data import DEMO_TOKENIZER_MODEL
+from megatron_npu.data.preprocess import parse_args, run
+from megatron_npu.data.tokenizers import TokenizerError, build_tokenizer
+
+# Stable under the demo model's nmt_nfkc normalisation (single spaces, no newlines).
+TEXTS = ["Hello world, this is a test.", "Return the value of x plus one.", "café naïve ✓ 42"]
+CORPUS = ["The quick brown fox jumps over the lazy dog.", "Return the value of x plus one.",
+          "Hello world, this is a test.", "café naïve ✓ 42 \n\t tabs and newlines"] * 4
+
+
+@pytest.fixture(scope="module")
+def gpt2_files(tmp_path_factory):
+    """A tiny byte-level GPT-2 vocab.json + merges.txt (all 256 byte symbols, so lossless)."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    tok = ByteLevelBPETokenizer()  # its trainer starts from the 256-symbol byte alphabet
+    tok.train_from_iterator(CORPUS, vocab_size=300, min_frequency=1, show_progress=False,
+                            special_tokens=["<|endoftext|>"])
+    d = tmp_path_factory.mktemp("gpt2")
+    vocab, merges = tok.save_model(str(d))
+    return vocab, merges
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A local HF tokenizer dir: byte-level BPE whose post-processor prepends <s> (Llama-like)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>", clean_up_tokenization_spaces=False)
+    d = tmp_path_factory.mktemp("hf")
+    fast.save_pretrained(str(d))
+    return str(d)
+
+
+def test_gpt_sentencepiece():
+    tok = build_tokenizer("GPTSentencePieceTokenizer", tokenizer_model=DEMO_TOKENIZER_MODEL)
+    # demo_spm.model: pad=0 unk=1 bos=2 eos=3, 6000 pieces
+    assert (tok.vocab_size, tok.pad, tok.bos, tok.eod, tok.eos) == (6000, 0, 2, 3, 3)
+    assert tok.cls == tok.sep == tok.mask == -1
+    for t in TEXTS:
+        ids = tok.tokenize(t)
+        assert ids and ids[0] != tok.bos and ids[-1] != tok.eod  # no BOS/EOS added
+        assert tok.detokenize(ids) == t
+    assert tok.tokenize_batch(TEXTS) == [tok.tokenize(t) for t in TEXTS]
+    assert tok.padded_vocab_size() == 6016 and tok.padded_vocab_size(128, 4) == 6144
+
+
+def test_llama2():
+    tok = build_tokenizer("Llama2Tokenizer", tokenizer_model=DEMO_TOKENIZER_MODEL)
+    gpt = build_tokenizer("GPTSentencePieceTokenizer", tokenizer_model=DEMO_TOKENIZER_MODEL)
+    assert (tok.vocab_size, tok.pad, tok.bos, tok.eod, tok.eos) == (6000, 0, 2, 3, 3)
+    t = TEXTS[0]
+    assert tok.tokenize(t) == [2, *gpt.tokenize(t)]  # bos=True, eos=False by default
+    assert tok.tokenize(t, bos=False, eos=True) == [*gpt.tokenize(t), 3]
+    assert tok.tokenize_batch(TEXTS) == [tok.tokenize(x) for x in TEXTS]
+    for x in TEXTS:
+        assert tok.detokenize(tok.tokenize(x)) == x  # BOS is a control piece: decodes to ""
+
+
+def test_sentencepiece_specials():
+    tok = build_tokenizer("SentencePieceTokenizer", tokenizer_model=DEMO_TOKENIZER_MODEL)
+    # <CLS>,<SEP>,<EOD>,<MASK> appended; the model's pad/bos/eos pieces already exist
+    assert (tok.vocab_size, tok.cls, tok.sep, tok.eod, tok.mask) == (6004, 6000, 6001, 6002, 6003)
+    assert (tok.pad, tok.bos, tok.eos) == (0, 2, 3)
+    assert tok.eod != tok.eos
+    plain = tok.tokenize("Hello world")
+    gpt = build_tokenizer("GPTSentencePieceTokenizer", tokenizer_model=DEMO_TOKENIZER_MODEL)
+    assert plain == gpt.tokenize("Hello world")
+    ids = tok.tokenize("Hello world<EOD>more</s>x<CLS>")
+    assert ids == [*plain, 6002, *gpt.tokenize("more"), 3, *gpt.tokenize("x"), 6000]
+    # Megatron-LM writes each special token as " <TOKEN> "
+    assert tok.detokenize(ids) == "Hello world <EOD> more </s> x <CLS> "
+    mixed = ["Hello world", "a<EOD>b", "", "<MASK>"]
+    assert tok.tokenize_batch(mixed) == [tok.tokenize(x) for x in mixed]
+    for t in TEXTS:
+        assert tok.detokenize(tok.tokenize(t)) == t
+    extra = type(tok)(DEMO_TOKENIZER_MODEL, vocab_extra_ids=3)
+    assert extra.vocab_size == 6007 and extra.tokenize("<extra_id_2>") == [6006]
+
+
+def test_null_tokenizer():
+    tok = build_tokenizer("NullTokenizer", vocab_size=1000)
+    assert tok.vocab_size == 1001 and tok.eod == tok.eos == 1000
+    assert tok.tokenize("5 17 999") == [5, 17, 999]
+    assert tok.detokenize([5, 17, 1000]) == "5 17 1000"
+    assert tok.padded_vocab_size() == 1024
+
+
+def test_gpt2_bpe(gpt2_files, tmp_path):
+    vocab, merges = gpt2_files
+    tok = build_tokenizer("GPT2BPETokenizer", vocab_file=vocab, merge_file=merges)
+    with open(vocab, encoding="utf-8") as f:
+        v = json.load(f)
+    assert tok.vocab_size == len(v) and tok.eod == tok.eos == v["<|endoftext|>"]
+    for t in [*TEXTS, "line one\nline  two\ttab", "ünïcødé ∑ 漢字 🙂"]:
+        ids = tok.tokenize(t)
+        assert tok.detokenize(ids) == t  # byte-level: lossless, no prefix space
+    assert tok.tokenize_batch(TEXTS) == [tok.tokenize(t) for t in TEXTS]
+    # A vocab without <|endoftext|> cannot give an eod
+    del v["<|endoftext|>"]
+    bad = tmp_path / "noeod.json"
+    bad.write_text(json.dumps(v))
+    with pytest.raises(TokenizerError, match="<\\|endoftext\\|>"):
+        build_tokenizer("GPT2BPETokenizer", vocab_file=str(bad), merge_file=merges)
+    notjson = tmp_path / "vocab.txt"
+    notjson.write_text("hello 1\n")
+    with pytest.raises(TokenizerError, match="--vocab-file"):
+        build_tokenizer("GPT2BPETokenizer", vocab_file=str(notjson), merge_file=merges)
+    with pytest.raises(TokenizerError, match="--merge-file"):
+        build_tokenizer("GPT2BPETokenizer", vocab_file=vocab)
+    with pytest.raises(TokenizerError, match="--merge-file .*no such file"):
+        build_tokenizer("GPT2BPETokenizer", vocab_file=vocab, merge_file=str(tmp_path / "nope.txt"))
+
+
+def test_huggingface(hf_dir, tmp_path):
+    tok = build_tokenizer("HuggingFaceTokenizer", tokenizer_model=hf_dir)
+    from tokenizers import Tokenizer
+
+    raw = Tokenizer.from_file(f"{hf_dir}/tokenizer.json")
+    assert (tok.pad, tok.bos, tok.eod) == (raw.token_to_id("<pad>"), raw.token_to_id("<s>"),
+                                          raw.token_to_id("</s>"))
+    assert tok.vocab_size == raw.get_vocab_size()
+    for t in [*TEXTS, "line one\nline  two"]:
+        ids = tok.tokenize(t)
+        assert ids[0] == tok.bos  # Megatron-LM keeps the post-processor's specials
+        assert tok.detokenize(ids[1:]) == t
+    assert tok.tokenize_batch(TEXTS) == [tok.tokenize(t) for t in TEXTS]
+    with pytest.raises(TokenizerError, match="--tokenizer-model .*no such file"):
+        build_tokenizer("HuggingFaceTokenizer", tokenizer_model=str(tmp_path / "missing"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(TokenizerError, match="not a local HuggingFace tokenizer"):
+        build_tokenizer("HuggingFaceTokenizer", tokenizer_model=str(empty))
+
+
+def test_tokenizer_errors(tmp_path):
+    for kind in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"):
+        with pytest.raises(TokenizerError, match="--tokenizer-model .*no such file"):
+            build_tokenizer(kind, tokenizer_model=str(tmp_path / "missing.model"))
+        junk = tmp_path / "junk.model"
+        junk.write_bytes(b"\x00\x01 definitely not a protobuf")
+        with pytest.raises(TokenizerError, match="not a SentencePiece model"):
+            build_tokenizer(kind, tokenizer_model=str(junk))
+    with pytest.raises(TokenizerError, match="--vocab-size"):
+        build_tokenizer("NullTokenizer")
+    with pytest.raises(TokenizerError, match="--tokenizer-type 'BertWordPieceCase'"):
+        build_tokenizer("BertWordPieceCase")
+    # The preprocessing entry point reports it in one line before any work
+    from megatron_npu.data.preprocess import main
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"text": "x"}\n')
+    assert main(["--input", str(inp), "--output-prefix", str(tmp_path / "o"), "--tokenizer-type",
+                 "Llama2Tokenizer", "--tokenizer-model", str(tmp_path / "missing.model")]) == 2
+    assert not list(tmp_path.glob("o_*"))
+
+
+def _kinds(gpt2_files, hf_dir):
+    vocab, merges = gpt2_files
+    spm = ["--tokenizer-model", DEMO_TOKENIZER_MODEL]
+    return {
+        "SentencePieceTokenizer": spm,
+        "GPTSentencePieceTokenizer": spm,
+        "Llama2Tokenizer": spm,
+        "HuggingFaceTokenizer": ["--tokenizer-model", hf_dir],
+        "GPT2BPETokenizer": ["--vocab-file", vocab, "--merge-file", merges],
+    }
+
+
+def test_preprocess_round_trip_each_kind(gpt2_files, hf_dir, tmp_path):
+    """preprocess -> megatron-core IndexedDataset -> detokenize gives the texts (+EOD) back."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    for kind, flags in _kinds(gpt2_files, hf_dir).items():
+        prefix = tmp_path / kind
+        r = run(parse_args(["--input", str(inp), "--output-prefix", str(prefix), "--append-eod",
+                            "--tokenizer-type", kind, *flags]))
+        assert r["docs"] == len(TEXTS) and not r["problems"], kind
+        tok = build_tokenizer(kind, **{k.lstrip("-").replace("-", "_"): v
+                                       for k, v in zip(flags[::2], flags[1::2], strict=True)})
+        ds = IndexedDataset(f"{prefix}_text_document")
+        assert len(ds) == len(TEXTS) and ds.index.dtype == np.uint16, kind
+        assert list(ds.sequence_lengths) == [len(tok.tokenize(t)) + 1 for t in TEXTS], kind
+        for i, t in enumerate(TEXTS):
+            ids = ds[i].tolist()
+            assert ids[-1] == tok.eod, kind
+            body = ids[:-1]
+            if kind in ("Llama2Tokenizer", "HuggingFaceTokenizer"):
+                assert body[0] == tok.bos, kind
+                body = body[1:]
+            assert tok.detokenize(body) == t, kind
+
+    # NullTokenizer: ids in, ids out; a vocab over 65,500 switches the tokens to int32
+    inp.write_text('{"text": "1 2 69999"}\n{"text": "7"}\n')
+    prefix = tmp_path / "null"
+    run(parse_args(["--input", str(inp), "--output-prefix", str(prefix), "--append-eod",
+                    "--tokenizer-type", "NullTokenizer", "--vocab-size", "70000"]))
+    ds = IndexedDataset(f"{prefix}_text_document")
+    assert ds.index.dtype == np.int32
+    assert ds[0].tolist() == [1, 2, 69999, 70000] and ds[1].tolist() == [7, 70000]

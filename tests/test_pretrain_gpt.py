@@ -1,0 +1,151 @@
+"""pretrain_gpt.py: Megatron-LM's trainer surface on megatron-core, proven by real cpu runs.
+
+Five launches: a 1-rank run with dropout that saves at iteration 3 and its resume;
+a 1-rank dropout-free TP1 reference saved at iteration 3; that checkpoint loaded
+under TP2 x DP2 (sequence parallel, distributed optimizer, overlapped grad reduce)
+and under TP2 x PP2 x VPP2 (interleaved pipeline), each trained on to iteration 6.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from pretrain_runs import NO_DROPOUT, checkpoint_at, pretrain, train_losses, validation_losses
+
+ITERS = ["--train-iters", "6"]
+ITERATION_LINE = re.compile(
+    r" \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration +(\d+)/ +6 \| consumed samples: +(\d+) \| "
+    r"elapsed time per iteration \(ms\): [\d.]+ \| learning rate: [\d.]+E[-+]\d\d \| global batch size: +8 \| "
+    r"lm loss: (\d\.\d{6}E[-+]\d\d) \| loss scale: 1\.0 \| grad norm: [\d.]+ \| "
+    r"number of skipped iterations: +0 \| number of nan iterations: +0 \|"
+)
+
+
+@pytest.fixture(scope="module")
+def dropout_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("dropout")
+    job = pretrain(run, *ITERS, "--use-distributed-optimizer", "--save", str(run / "ckpt"), "--save-interval", "3",
+                   "--tensorboard-dir", str(run / "tb")).check()  # fmt: skip
+    return run, job
+
+
+@pytest.fixture(scope="module")
+def resumed_run(dropout_run, tmp_path_factory):
+    source, _ = dropout_run
+    run = tmp_path_factory.mktemp("resumed")
+    load = checkpoint_at(source / "ckpt", 3, run / "ckpt")
+    return run, pretrain(run, *ITERS, "--use-distributed-optimizer", "--load", str(load)).check()
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("tp1")
+    pretrain(run, *ITERS, *NO_DROPOUT, "--use-distributed-optimizer", "--save", str(run / "ckpt"),
+             "--save-interval", "3").check()  # fmt: skip
+    return run
+
+
+def _resharded(reference_run, tmp_path_factory, name, *layout):
+    run = tmp_path_factory.mktemp(name)
+    load = checkpoint_at(reference_run / "ckpt", 3, run / "ckpt")
+    job = pretrain(run, *ITERS, *NO_DROPOUT, "--load", str(load), "--timing-log-level", "1", *layout, nproc=4)
+    return run, job.check()
+
+
+@pytest.fixture(scope="module")
+def tp2_dp2_run(reference_run, tmp_path_factory):
+    return _resharded(reference_run, tmp_path_factory, "tp2dp2", "--tensor-model-parallel-size", "2",
+                      "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tp2_pp2_vpp2_run(reference_run, tmp_path_factory):
+    return _resharded(reference_run, tmp_path_factory, "vpp", "--tensor-model-parallel-size", "2",
+                      "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+                      "--use-distributed-optimizer")  # fmt: skip
+
+
+def assert_close(actual: dict[int, float], expected: dict[int, float], rel: float) -> None:
+    assert actual.keys() == expected.keys(), (actual, expected)
+    for iteration, value in actual.items():
+        assert abs(value - expected[iteration]) <= rel * abs(expected[iteration]), (iteration, value, expected[iteration])
+
+
+def test_iteration_lines_have_megatron_lm_shape_and_the_loss_falls(dropout_run):
+    run, job = dropout_run
+    lines = [ITERATION_LINE.match(line) for line in job.stdout.splitlines() if "] iteration " in line]
+    assert len(lines) == 6 and all(lines), job.stdout[-3000:]
+    assert [int(m.group(1)) for m in lines] == [1, 2, 3, 4, 5, 6]
+    assert [int(m.group(2)) for m in lines] == [8, 16, 24, 32, 40, 48]
+    printed = [float(m.group(3)) for m in lines]
+    assert printed == pytest.approx(list(train_losses(run).values()), rel=1e-6)
+    assert printed[-1] < printed[0]
+    assert job.stdout.count(" validation loss at iteration ") == 4  # iterations 2, 4, 6 and the final one
+
+
+def test_checkpoints_are_megatron_lm_layout_and_nothing_partial_is_left(dropout_run):
+    run, _ = dropout_run
+    ckpt = run / "ckpt"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "6"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["iter_0000003", "iter_0000006", "latest_checkpointed_iteration.txt"]
+    assert (ckpt / "iter_0000003" / "metadata.json").exists() and (ckpt / "iter_0000003" / "common.pt").exists()
+
+
+def test_tensorboard_has_megatron_tag_names(dropout_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, _ = dropout_run
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"lm loss", "learning-rate", "grad-norm", "loss-scale", "batch-size", "lm loss validation"} <= tags
+    assert [e.step for e in events.Scalars("lm loss")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_reproduces_the_uninterrupted_run_exactly(dropout_run, resumed_run):
+    """Model, optimizer (distributed, torch AdamW), scheduler, dropout RNG and data position."""
+    continuous, _ = dropout_run
+    resumed, job = resumed_run
+    expected = {i: v for i, v in train_losses(continuous).items() if i > 3}
+    assert train_losses(resumed) == expected
+    assert validation_losses(resumed) == [v for v in validation_losses(continuous) if v[0] > 3]
+    assert "successfully loaded checkpoint" in job.stdout
+
+
+def test_tp1_checkpoint_trains_on_under_tp2_dp2_with_sp_and_distributed_optimizer(reference_run, tp2_dp2_run):
+    run, _ = tp2_dp2_run
+    expected = {i: v for i, v in train_losses(reference_run).items() if i > 3}
+    assert_close(train_losses(run), expected, rel=1e-4)
+
+
+def test_tp1_checkpoint_trains_on_under_tp2_pp2_interleaved(reference_run, tp2_pp2_vpp2_run):
+    """PP=2 with virtual stages: megatron-core's batched p2p would swap activations and gradients."""
+    run, job = tp2_pp2_vpp2_run
+    expected = {i: v for i, v in train_losses(reference_run).items() if i > 3}
+    assert_close(train_losses(run), expected, rel=1e-4)
+    assert "resharding" in job.stdout
+
+
+def test_layout_record_is_what_parallel_state_built(tp2_pp2_vpp2_run):
+    run, _ = tp2_pp2_vpp2_run
+    layout = json.loads((run / "logs" / "layout.json").read_text())
+    assert layout["world_size"] == 4
+    assert layout["groups"]["tp"] == [[0, 1], [2, 3]]
+    assert layout["groups"]["pp"] == [[0, 2], [1, 3]]
+    assert [(r["tp_rank"], r["pp_rank"]) for r in layout["ranks"]] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+
+
+def test_timers_are_written_per_rank_and_iteration(tp2_pp2_vpp2_run):
+    run, _ = tp2_pp2_vpp2_run
+    files = sorted((run / "logs" / "timers").glob("rank*.jsonl"))
+    assert [f.name for f in files] == [f"rank{r:05d}.jsonl" for r in range(4)]
+    for path in files:
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        assert [r["iteration"] for r in records] == [4, 5, 6]
+        for record in records:
+            assert 0 < record["forward_backward_s"] <= record["iteration_s"]
+            assert record["pp_wait_s"] > 0  # interleaved pipeline: every rank sends and receives
+            assert record["optimizer_s"] > 0
+            assert record["num_microbatches"] == 4
