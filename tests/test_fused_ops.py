@@ -77,3 +77,37 @@ def test_npu_patches_keep_the_signatures_of_what_they_replace(rope_utils):
         assert list(inspect.signature(replacement, follow_wrapped=False).parameters) == list(
             inspect.signature(original).parameters
         )
+
+
+@pytest.fixture(scope="module")
+def model_parallel():
+    """megatron's modules read their TP size from parallel_state: a 1-rank gloo world here."""
+    import torch.distributed as dist
+    from distributed import free_port
+    from megatron.core import parallel_state, tensor_parallel
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    tensor_parallel.model_parallel_cuda_manual_seed(1234)
+    yield
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def test_flash_attention_twin_equals_megatron_dot_product_attention_with_gqa(model_parallel):
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from megatron_npu.ops.attention import FusedDotProductAttention
+
+    config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=8, num_query_groups=2,
+                               attention_dropout=0.0, masked_softmax_fusion=False)  # fmt: skip
+    attention = FusedDotProductAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal,
+                                         attention_type="self")  # fmt: skip
+    generator = torch.Generator().manual_seed(3)
+    query = torch.randn(16, 2, 8, 8, generator=generator)  # [sq, b, heads, head_dim]
+    key, value = (torch.randn(16, 2, 2, 8, generator=generator) for _ in range(2))  # 2 query groups
+    unfused = attention(query, key, value, None)  # no kernel on cpu: megatron-core's own attention
+    twin = fused.flash_attention(query, key, value, softmax_scale=attention.softmax_scale)
+    assert unfused.shape == twin.shape == (16, 2, 64)
+    torch.testing.assert_close(twin, unfused, rtol=1e-5, atol=1e-6)

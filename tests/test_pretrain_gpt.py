@@ -27,7 +27,8 @@ ITERATION_LINE = re.compile(
 def dropout_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("dropout")
     job = pretrain(run, *ITERS, "--use-distributed-optimizer", "--save", str(run / "ckpt"), "--save-interval", "3",
-                   "--tensorboard-dir", str(run / "tb")).check()  # fmt: skip
+                   "--tensorboard-dir", str(run / "tb"),
+                   "--profile", "--profile-step-start", "2", "--profile-step-end", "3").check()  # fmt: skip
     return run, job
 
 
@@ -102,6 +103,13 @@ def test_tensorboard_has_megatron_tag_names(dropout_run):
     tags = set(events.Tags()["scalars"])
     assert {"lm loss", "learning-rate", "grad-norm", "loss-scale", "batch-size", "lm loss validation"} <= tags
     assert [e.step for e in events.Scalars("lm loss")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_profile_writes_a_chrome_trace_of_the_asked_iterations(dropout_run):
+    run, job = dropout_run
+    trace = json.loads((run / "logs" / "profile" / "rank00000.json").read_text())
+    assert any(event.get("name", "").startswith("aten::") for event in trace["traceEvents"])
+    assert "profiler trace of iterations 2..2" in job.stdout
 
 
 def test_resume_reproduces_the_uninterrupted_run_exactly(dropout_run, resumed_run):

@@ -163,6 +163,10 @@ class Accelerator(abc.ABC):
         """Which fused kernels exist on this target, by Megatron's name for them."""
         return {"flash_attention": False, "rms_norm": False, "swiglu": False, "rotary": False}
 
+    def profiler_activities(self) -> list:
+        """torch.profiler activities that see this device's work (host only by default)."""
+        return [torch.profiler.ProfilerActivity.CPU]
+
     def fused_kernel(self, key: str) -> Callable | None:
         """The device kernel for fusion ``key`` of fused_ops(), or None (use the torch math)."""
         return None

@@ -24,6 +24,9 @@ class CudaAccelerator(Accelerator):
     def device_count(self) -> int:
         return torch.cuda.device_count()
 
+    def profiler_activities(self) -> list:
+        return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+
     def current_device(self) -> int:
         return torch.cuda.current_device()
 

@@ -54,3 +54,24 @@ class RMSNorm(torch.nn.RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps if self.eps is not None else torch.finfo(x.dtype).eps)
+
+
+def flash_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, softmax_scale: float, dropout_p: float = 0.0
+) -> torch.Tensor:
+    """Causal attention. query [sq, b, np, hn], key/value [sk, b, ng, hn] (ng | np) -> [sq, b, np * hn]."""
+    sq, batch, heads, head_dim = query.shape
+    kernel = get_accelerator().fused_kernel("flash_attention")
+    if kernel is not None:
+        # SBH layout, GQA by head counts; True in atten_mask = masked (the upper triangle).
+        mask = torch.triu(torch.ones(sq, key.shape[0], dtype=torch.bool, device=query.device), diagonal=1)
+        return kernel(
+            query.reshape(sq, batch, -1), key.reshape(key.shape[0], batch, -1), value.reshape(value.shape[0], batch, -1),
+            heads, "SBH", atten_mask=mask, scale=softmax_scale, keep_prob=1.0 - dropout_p, next_tockens=0,
+        )[0]  # fmt: skip
+    groups = heads // key.shape[2]
+    q = query.permute(1, 2, 0, 3)
+    k = key.repeat_interleave(groups, dim=2).permute(1, 2, 0, 3)
+    v = value.repeat_interleave(groups, dim=2).permute(1, 2, 0, 3)
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=softmax_scale)
+    return out.permute(2, 0, 1, 3).reshape(sq, batch, heads * head_dim)

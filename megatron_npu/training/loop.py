@@ -35,6 +35,7 @@ from megatron.core.utils import get_model_config
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.data.tokenizers import TokenizerError, build_tokenizer
+from megatron_npu.spec import uses_fused_attention
 from megatron_npu.training import checkpointing
 from megatron_npu.training.arguments import ConfigError, parse_args
 from megatron_npu.training.config import ddp_config, optimizer_config, params_dtype
@@ -275,6 +276,7 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
     timers = trainer.model[0].config.timers
     timer_log = TimerLog(timers, args.log_dir, dist.get_rank(), args.timing_log_level)
     metrics = MetricsWriter(args, _is_last_rank())
+    profiler = StepProfiler(args)
     peak = accelerator.peak_tflops(params_dtype(args))
     interval = {"time": 0.0, "iters": 0, "losses": {}, "flops": 0.0}
     start_time = time.time()
@@ -293,11 +295,13 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
         else:
             update_num_microbatches(args.consumed_train_samples, consistency_check=True)
         batch_size = get_current_global_batch_size()
+        profiler.before(iteration)
         accelerator.synchronize()
         started = time.perf_counter()
         losses, updated, grad_norm = trainer.train_step(train_iterators)
         accelerator.synchronize()
         elapsed = time.perf_counter() - started
+        profiler.after(iteration)
         args.consumed_train_samples += batch_size
         trainer.skipped_iterations += 0 if updated else 1
         loss_values = {key: value.item() for key, value in losses.items()}
@@ -352,6 +356,30 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
     return iteration
 
 
+class StepProfiler:
+    """``--profile``: torch.profiler over iterations [profile_step_start, profile_step_end) on
+    ``--profile-ranks``; a Chrome trace per rank in LOG_DIR/profile/ (perf-report reads it)."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.enabled = bool(args.profile) and dist.get_rank() in args.profile_ranks and args.log_dir is not None
+        self.start, self.end = args.profile_step_start, args.profile_step_end
+        self.path = os.path.join(args.log_dir or ".", "profile", f"rank{dist.get_rank():05d}.json")
+        self._profiler: Any = None
+
+    def before(self, iteration: int) -> None:
+        if self.enabled and iteration == self.start:
+            self._profiler = torch.profiler.profile(activities=get_accelerator().profiler_activities())
+            self._profiler.__enter__()
+
+    def after(self, iteration: int) -> None:
+        if self._profiler is not None and iteration == self.end - 1:
+            self._profiler.__exit__(None, None, None)
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self._profiler.export_chrome_trace(self.path)
+            self._profiler = None
+            print_rank_0(f"  profiler trace of iterations {self.start}..{self.end - 1} written to {self.path}")
+
+
 def _should_exit(args: argparse.Namespace, iteration: int, start_time: float) -> bool:
     if args.exit_interval and iteration % args.exit_interval == 0:
         return True
@@ -389,6 +417,9 @@ def pretrain(
         print_rank_0(f"WARNING: {flag} is ignored: {reason}")
     for warning in args.config_warnings:
         print_rank_0(f"WARNING: {warning}")
+    if args.use_flash_attn and not uses_fused_attention(args):
+        print_rank_0("WARNING: --use-flash-attn: this device has no fused attention kernel; "
+                     "megatron-core's unfused attention runs")  # fmt: skip
 
     initialize_distributed(args)
     set_random_seed(args.seed, args.data_parallel_random_init)
