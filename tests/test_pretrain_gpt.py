@@ -157,3 +157,19 @@ def test_timers_are_written_per_rank_and_iteration(tp2_pp2_vpp2_run):
             assert record["pp_wait_s"] > 0  # interleaved pipeline: every rank sends and receives
             assert record["optimizer_s"] > 0
             assert record["num_microbatches"] == 4
+
+
+def test_llama_style_fp16_with_recompute_counts_skipped_iterations_as_megatron_lm(tmp_path):
+    """GQA, RoPE, SwiGLU, RMSNorm, untied embeddings, no biases, full recompute, fp16 loss scaling:
+    the dynamic scale starts at 2**32 and overflows; each overflow skips the update, and after the
+    first (hysteresis 2) the scale halves, as in Megatron-LM."""
+    job = pretrain(tmp_path, "--train-iters", "3", "--fp16", "--eval-iters", "0", "--group-query-attention",
+                   "--num-query-groups", "2", "--position-embedding-type", "rope", "--swiglu",
+                   "--normalization", "RMSNorm", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+                   "--recompute-granularity", "full", "--recompute-method", "uniform",
+                   "--recompute-num-layers", "1").check()  # fmt: skip
+    lines = [line for line in job.stdout.splitlines() if "] iteration " in line]
+    scales = [float(re.search(r"loss scale: ([\d.]+)", line).group(1)) for line in lines]
+    skipped = [int(re.search(r"number of skipped iterations: +(\d+)", line).group(1)) for line in lines]
+    assert scales == [2.0**32, 2.0**31, 2.0**30] and skipped == [1, 2, 3]
+    assert all("grad norm" not in line for line in lines)  # no update, no norm: Megatron-LM prints none

@@ -1,0 +1,449 @@
+"""What Megatron-LM's ``validate_args`` does for GPT, plus the layout and path checks.
+
+Fills derived values (ffn size, kv channels, query groups, data-parallel size, virtual
+stages, p2p settings, dtypes ...) in place and raises ``ConfigError`` with a one-line
+message naming the flags to change. Runs before any process group exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .refusals import ConfigError
+
+# The --tokenizer-type values megatron_npu.data.tokenizers.build_tokenizer implements (its
+# TOKENIZER_TYPES); spelled out here so these modules import nothing from the package.
+TOKENIZER_TYPES: tuple[str, ...] = (
+    "NullTokenizer",
+    "SentencePieceTokenizer",
+    "GPTSentencePieceTokenizer",
+    "Llama2Tokenizer",
+    "HuggingFaceTokenizer",
+    "GPT2BPETokenizer",
+)
+_SPM_TOKENIZERS = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _split_blend(tokens: list[str]) -> tuple[list[float] | None, list[str]]:
+    """Megatron-LM's --data-path forms: prefixes, or weight-prefix pairs."""
+    if len(tokens) >= 2 and len(tokens) % 2 == 0:
+        try:
+            weights = [float(t) for t in tokens[0::2]]
+        except ValueError:
+            return None, list(tokens)
+        return weights, list(tokens[1::2])
+    return None, list(tokens)
+
+
+def _parse_rampup(values: list[str]) -> tuple[int, int, int]:
+    if len(values) != 3:
+        raise ConfigError("--rampup-batch-size takes 3 integers: <start batch size> <increment> <ramp-up samples>, "
+                          f"got {len(values)}")
+    try:
+        start, incr, samples = (int(v) for v in values)
+    except ValueError:
+        raise ConfigError(f"--rampup-batch-size {' '.join(values)}: expected 3 integers") from None
+    return start, incr, samples
+
+
+def _parse_step_schedule(values: list[str]) -> list[tuple[int, int]]:
+    items = " ".join(values).replace(",", " ").split()
+    out: list[tuple[int, int]] = []
+    for item in items:
+        try:
+            it, gbs = item.split(":")
+            out.append((int(it), int(gbs)))
+        except ValueError:
+            raise ConfigError(f"--step-batch-size-schedule: {item!r} is not ITER:GBS (e.g. '0:32 1000:64')") from None
+    if not out:
+        raise ConfigError("--step-batch-size-schedule: give at least one ITER:GBS pair")
+    iters = [i for i, _ in out]
+    if any(i < 0 for i in iters) or iters != sorted(set(iters)):
+        raise ConfigError("--step-batch-size-schedule: iterations must be >= 0 and strictly increasing")
+    if any(g <= 0 for _, g in out):
+        raise ConfigError("--step-batch-size-schedule: global batch sizes must be positive")
+    return out
+
+
+def validate_args(
+    args: argparse.Namespace, *, world_size: int, check_paths: bool = True, given: set[str] | None = None
+) -> argparse.Namespace:
+    """Megatron-LM's validate_args for GPT, plus layout and path checks; fills derived values in place."""
+    given = given or set()
+    warn = args.config_warnings if hasattr(args, "config_warnings") else []
+    args.config_warnings = warn
+    if not hasattr(args, "ignored_flags"):
+        args.ignored_flags = []
+
+    if args.spec:
+        raise ConfigError("--spec is not supported: this trainer builds the GPT layer spec itself; drop the flag")
+
+    # Deprecated Megatron-LM arguments (Megatron-LM asserts the same).
+    for dest, flag, instead in (("batch_size", "--batch-size", "--micro-batch-size"),
+                                ("warmup", "--warmup", "--lr-warmup-fraction or --lr-warmup-iters"),
+                                ("model_parallel_size", "--model-parallel-size", "--tensor-model-parallel-size")):
+        if getattr(args, dest) is not None:
+            raise ConfigError(f"{flag} is no longer valid; use {instead}")
+        delattr(args, dest)
+    if args.checkpoint_activations:
+        raise ConfigError("--checkpoint-activations is no longer valid; use --recompute-activations, or "
+                          "--recompute-granularity and --recompute-method")
+    del args.checkpoint_activations
+
+    args.rank = int(os.environ.get("RANK", "0"))
+    args.world_size = world_size
+    args.use_legacy_models = False
+    args.use_mcore_models = True
+    args.use_dist_ckpt = True  # torch_dist is the only format
+    args.transformer_pipeline_model_parallel_size = args.pipeline_model_parallel_size
+    args.expert_tensor_parallel_size = args.tensor_model_parallel_size
+    args.no_mmap_bin_files = not args.mmap_bin_files
+
+    # Required model/batch arguments.
+    for dest in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size"):
+        if getattr(args, dest) is None:
+            raise ConfigError(f"--{dest.replace('_', '-')} is required")
+    for dest in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
+                 "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        if getattr(args, dest) <= 0:
+            raise ConfigError(f"--{dest.replace('_', '-')} must be positive, got {getattr(args, dest)}")
+    args.encoder_num_layers = args.num_layers
+    args.encoder_seq_length = args.seq_length
+
+    # Position embeddings.
+    if args.use_rotary_position_embeddings:
+        args.position_embedding_type = "rope"
+    if not args.add_position_embedding and args.position_embedding_type != "rope":
+        raise ConfigError("--no-position-embedding is deprecated; use --position-embedding-type none (or rope)")
+    if args.position_embedding_type != "rope":
+        args.apply_rope_fusion = False
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    if args.position_embedding_type == "learned_absolute" and args.seq_length > args.max_position_embeddings:
+        raise ConfigError(f"--seq-length {args.seq_length} is larger than --max-position-embeddings "
+                          f"{args.max_position_embeddings} (learned absolute position embeddings); raise "
+                          "--max-position-embeddings or lower --seq-length")
+
+    # Model shape.
+    if args.swiglu and args.squared_relu:
+        raise ConfigError("--swiglu and --squared-relu are mutually exclusive; pick one")
+    if args.ffn_hidden_size is None:
+        if args.swiglu:
+            # Megatron-LM: keep the parameter count of a 4h MLP, rounded down to a multiple of 64.
+            args.ffn_hidden_size = int((4 * args.hidden_size * 2 / 3) / 64) * 64
+        else:
+            args.ffn_hidden_size = 4 * args.hidden_size
+    if args.kv_channels is None:
+        if args.hidden_size % args.num_attention_heads != 0:
+            raise ConfigError(f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads "
+                              f"{args.num_attention_heads}; change one, or set --kv-channels")
+        args.kv_channels = args.hidden_size // args.num_attention_heads
+    if args.group_query_attention:
+        if args.num_query_groups <= 0 or args.num_attention_heads % args.num_query_groups != 0:
+            raise ConfigError(f"--num-attention-heads {args.num_attention_heads} is not divisible by "
+                              f"--num-query-groups {args.num_query_groups}")
+    else:
+        if "--num-query-groups" in given and args.num_query_groups != args.num_attention_heads:
+            args.ignored_flags.append(("--num-query-groups", "ignored without --group-query-attention"))
+        args.num_query_groups = args.num_attention_heads
+
+    # Activation recomputation (Megatron-LM validate_args + TransformerConfig checks).
+    if args.recompute_activations:
+        args.recompute_granularity = "selective"
+    del args.recompute_activations
+    if args.recompute_granularity == "selective" and args.recompute_method is not None:
+        raise ConfigError("--recompute-method is not supported with --recompute-granularity selective "
+                          "(or --recompute-activations); drop --recompute-method or use --recompute-granularity full")
+    if args.recompute_granularity == "full":
+        if args.recompute_method is None:
+            raise ConfigError("--recompute-granularity full needs --recompute-method uniform|block")
+        if args.recompute_num_layers is None:
+            raise ConfigError("--recompute-granularity full needs --recompute-num-layers")
+    if args.distribute_saved_activations:
+        if args.tensor_model_parallel_size == 1 or args.recompute_granularity != "full":
+            raise ConfigError("--distribute-saved-activations needs --tensor-model-parallel-size > 1 and "
+                              "--recompute-granularity full")
+
+    # Sequence parallelism is off when TP is 1 (Megatron-LM warns and turns it off).
+    if args.tensor_model_parallel_size == 1:
+        if args.sequence_parallel:
+            warn.append("--sequence-parallel turned off: --tensor-model-parallel-size is 1")
+        args.sequence_parallel = False
+
+    # Weight decay schedule.
+    if args.weight_decay_incr_style == "constant":
+        if args.start_weight_decay is not None or args.end_weight_decay is not None:
+            raise ConfigError("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear|cosine")
+        args.start_weight_decay = args.weight_decay
+        args.end_weight_decay = args.weight_decay
+    elif args.start_weight_decay is None or args.end_weight_decay is None:
+        raise ConfigError(f"--weight-decay-incr-style {args.weight_decay_incr_style} needs --start-weight-decay "
+                          "and --end-weight-decay")
+
+    # Mixed precision.
+    if args.fp16 and args.bf16:
+        raise ConfigError("--fp16 and --bf16 are mutually exclusive; pick one (--bf16 on Ascend)")
+    args.params_dtype = "float32"
+    if args.fp16:
+        args.params_dtype = "float16"
+        if not args.loss_scale:
+            # Dynamic loss scaling treats NaN/inf grads as a signal, as in Megatron-LM.
+            args.check_for_nan_in_loss_and_grad = False
+    if args.bf16:
+        args.params_dtype = "bfloat16"
+        if args.grad_reduce_in_bf16:
+            args.accumulate_allreduce_grads_in_fp32 = False
+        else:
+            args.accumulate_allreduce_grads_in_fp32 = True
+    if args.fp16_lm_cross_entropy and not args.fp16:
+        raise ConfigError("--fp16-lm-cross-entropy needs --fp16")
+    if args.fp32_residual_connection and not (args.fp16 or args.bf16):
+        raise ConfigError("--fp32-residual-connection needs --fp16 or --bf16")
+    if args.apply_query_key_layer_scaling:
+        args.attention_softmax_in_fp32 = True
+    if not args.add_bias_linear:
+        args.bias_gelu_fusion = False
+    if args.add_bias_linear:
+        args.add_qkv_bias = True
+
+    # Training length and learning-rate schedule.
+    if args.train_iters is not None and args.train_samples is not None:
+        raise ConfigError("--train-iters and --train-samples are mutually exclusive; give one")
+    if args.train_iters is None and args.train_samples is None and not args.skip_train:
+        raise ConfigError("give --train-iters (iteration-based) or --train-samples (sample-based training)")
+    if args.train_iters:
+        if args.lr_decay_samples is not None:
+            raise ConfigError("--lr-decay-samples needs sample-based training; use --lr-decay-iters with --train-iters")
+        if args.lr_warmup_samples:
+            raise ConfigError("--lr-warmup-samples needs sample-based training; use --lr-warmup-iters with "
+                              "--train-iters")
+        if args.rampup_batch_size is not None:
+            raise ConfigError("--rampup-batch-size needs sample-based training (as in Megatron-LM): use "
+                              "--train-samples instead of --train-iters, or drop --rampup-batch-size")
+        if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
+            raise ConfigError("--lr-warmup-fraction and --lr-warmup-iters are mutually exclusive; give one")
+    if args.train_samples:
+        if args.lr_decay_iters is not None:
+            raise ConfigError("--lr-decay-iters needs iteration-based training; use --lr-decay-samples with "
+                              "--train-samples")
+        if args.lr_warmup_iters:
+            raise ConfigError("--lr-warmup-iters needs iteration-based training; use --lr-warmup-samples with "
+                              "--train-samples")
+        if args.lr_warmup_fraction is not None and args.lr_warmup_samples:
+            raise ConfigError("--lr-warmup-fraction and --lr-warmup-samples are mutually exclusive; give one")
+    if args.lr is None and not args.skip_train:
+        raise ConfigError("--lr is required")
+    if args.lr is not None and args.min_lr > args.lr:
+        raise ConfigError(f"--min-lr {args.min_lr} is larger than --lr {args.lr}")
+    if args.lr_decay_style == "WSD" and not args.skip_train:
+        if args.train_iters and args.lr_wsd_decay_iters is None:
+            raise ConfigError("--lr-decay-style WSD needs --lr-wsd-decay-iters")
+        if args.train_samples and args.lr_wsd_decay_samples is None:
+            raise ConfigError("--lr-decay-style WSD needs --lr-wsd-decay-samples")
+    if args.save is not None and (args.save_interval is None or args.save_interval <= 0):
+        raise ConfigError("--save needs a positive --save-interval")
+    if args.save_retain_interval is not None and (
+            args.save_interval is None or args.save_retain_interval % args.save_interval != 0):
+        raise ConfigError("--save-retain-interval must be a multiple of --save-interval")
+
+    # Distributed optimizer / overlap.
+    if args.overlap_param_gather:
+        if not args.use_distributed_optimizer:
+            raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+        if not args.overlap_grad_reduce:
+            raise ConfigError("--overlap-param-gather needs --overlap-grad-reduce")
+
+    # Data sources.
+    if args.data_path is not None and args.split is None:
+        args.split = "969, 30, 1"  # Megatron-LM's legacy default
+        warn.append('--split not given with --data-path: using Megatron-LM\'s legacy default "969, 30, 1"')
+    per_split = any(p is not None for p in (args.train_data_path, args.valid_data_path, args.test_data_path))
+    sources = int(bool(args.mock_data)) + int(bool(args.data_path)) + int(per_split)
+    if sources > 1:
+        raise ConfigError("give one data source: --data-path, or --train/valid/test-data-path, or --mock-data")
+    if sources == 0 and not args.skip_train:
+        raise ConfigError("no training data: give --data-path PREFIX (build one with `megatron-npu preprocess`) "
+                          "or --mock-data")
+    if args.dataloader_type is None:
+        args.dataloader_type = "single"
+
+    # Tokenizer.
+    if args.tokenizer_type is None and args.vocab_file and args.merge_file:
+        args.tokenizer_type = "GPT2BPETokenizer"  # what Megatron-LM's GPT examples mean without --tokenizer-type
+    if args.tokenizer_type is None and not args.mock_data:
+        raise ConfigError(f"--tokenizer-type is required (one of {', '.join(TOKENIZER_TYPES)})")
+    if args.tokenizer_type == "NullTokenizer" and args.vocab_size is None:
+        raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size")
+
+    # Trainer state Megatron-LM keeps on args.
+    args.consumed_train_samples = 0
+    args.skipped_train_samples = 0
+    args.consumed_valid_samples = 0
+    args.variable_seq_lengths = False
+
+    _check_layout(args, world_size)
+    if check_paths:
+        _check_paths(args)
+    return args
+
+
+def _check_layout(args: argparse.Namespace, world_size: int) -> None:
+    """Parallel layout checks, before any process group exists."""
+    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
+    model = tp * pp * cp
+    if world_size <= 0:
+        raise ConfigError(f"world size must be positive, got {world_size}")
+    if world_size % model != 0:
+        fits = ", ".join(str(d) for d in _divisors(world_size))
+        raise ConfigError(
+            f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
+            f"--pipeline-model-parallel-size {pp} x --context-parallel-size {cp} = {model}; "
+            f"TP x PP x CP must be one of {fits}")
+    dp = world_size // model
+    args.data_parallel_size = dp
+
+    if args.num_attention_heads % tp != 0:
+        raise ConfigError(f"--num-attention-heads {args.num_attention_heads} is not divisible by "
+                          f"--tensor-model-parallel-size {tp}")
+    if args.num_query_groups % tp != 0:
+        raise ConfigError(f"--num-query-groups {args.num_query_groups} is not divisible by "
+                          f"--tensor-model-parallel-size {tp}; use a TP size that divides the query groups")
+    if args.ffn_hidden_size % tp != 0:
+        raise ConfigError(f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by "
+                          f"--tensor-model-parallel-size {tp}")
+    if args.sequence_parallel and args.seq_length % tp != 0:
+        raise ConfigError(f"--sequence-parallel needs --seq-length {args.seq_length} divisible by "
+                          f"--tensor-model-parallel-size {tp}")
+
+    # Pipeline / virtual pipeline (Megatron-LM validate_args).
+    if args.num_layers % pp != 0:
+        raise ConfigError(f"--num-layers {args.num_layers} is not divisible by --pipeline-model-parallel-size {pp}")
+    layers_per_stage = args.num_layers // pp
+    if args.num_layers_per_virtual_pipeline_stage is not None and args.num_virtual_stages_per_pipeline_rank is not None:
+        raise ConfigError("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank "
+                          "are mutually exclusive; give one")
+    vpp: int | None = None
+    if args.num_layers_per_virtual_pipeline_stage is not None:
+        per_vstage = args.num_layers_per_virtual_pipeline_stage
+        if per_vstage <= 0 or layers_per_stage % per_vstage != 0:
+            raise ConfigError(f"layers per pipeline stage ({args.num_layers} / {pp} = {layers_per_stage}) is not "
+                              f"divisible by --num-layers-per-virtual-pipeline-stage {per_vstage}")
+        vpp = layers_per_stage // per_vstage
+    elif args.num_virtual_stages_per_pipeline_rank is not None:
+        vpp = args.num_virtual_stages_per_pipeline_rank
+        if vpp <= 0 or layers_per_stage % vpp != 0:
+            raise ConfigError(f"layers per pipeline stage ({args.num_layers} / {pp} = {layers_per_stage}) is not "
+                              f"divisible by --num-virtual-stages-per-pipeline-rank {vpp}")
+    if vpp == 1:
+        vpp = None
+    args.virtual_pipeline_model_parallel_size = vpp
+    if args.microbatch_group_size_per_vp_stage is None:
+        args.microbatch_group_size_per_vp_stage = pp
+    if vpp is not None:
+        flag = ("--num-layers-per-virtual-pipeline-stage" if args.num_layers_per_virtual_pipeline_stage is not None
+                else "--num-virtual-stages-per-pipeline-rank")
+        if args.overlap_p2p_comm and pp <= 1:
+            raise ConfigError(f"{flag} (interleaved schedule) needs --pipeline-model-parallel-size > 1")
+        if not args.overlap_p2p_comm and pp <= 2:
+            raise ConfigError(f"{flag} with --no-overlap-p2p-communication needs --pipeline-model-parallel-size > 2")
+    else:
+        args.overlap_p2p_comm = False  # only the interleaved schedule overlaps p2p
+        args.align_param_gather = False
+    args.batch_p2p_comm = not args.overlap_p2p_comm
+
+    # Batch sizes.
+    if args.micro_batch_size <= 0:
+        raise ConfigError("--micro-batch-size must be positive")
+    per_step = args.micro_batch_size * dp
+    if args.global_batch_size is None:
+        args.global_batch_size = per_step
+    if args.global_batch_size <= 0:
+        raise ConfigError("--global-batch-size must be positive")
+
+    def _gbs_check(gbs: int, flag: str) -> None:
+        if gbs % per_step != 0:
+            raise ConfigError(
+                f"{flag} {gbs} is not divisible by --micro-batch-size {args.micro_batch_size} x data-parallel size "
+                f"{dp} (= world size {world_size} / (TP {tp} x PP {pp} x CP {cp})) = {per_step}")
+        if vpp is not None:
+            m = gbs // per_step
+            n = args.microbatch_group_size_per_vp_stage
+            if n > m or n < pp:
+                raise ConfigError(
+                    f"interleaved pipeline schedule: {flag} {gbs} gives {m} micro-batches per step, but "
+                    f"--microbatch-group-size-per-virtual-pipeline-stage {n} must lie in [PP={pp}, M={m}]; "
+                    "raise --global-batch-size or lower --micro-batch-size")
+            if 0 < m % n < pp:
+                raise ConfigError(
+                    f"interleaved pipeline schedule: {m} micro-batches per step ({flag} {gbs}) leave a remainder of "
+                    f"{m % n} when grouped by --microbatch-group-size-per-virtual-pipeline-stage {n}; it must be 0 or "
+                    f">= --pipeline-model-parallel-size {pp}")
+
+    _gbs_check(args.global_batch_size, "--global-batch-size")
+
+    if args.rampup_batch_size is not None:
+        start, incr, samples = _parse_rampup(args.rampup_batch_size)
+        if start <= 0 or incr <= 0 or samples < 0:
+            raise ConfigError("--rampup-batch-size: start and increment must be positive, ramp-up samples >= 0")
+        diff = args.global_batch_size - start
+        if diff < 0 or diff % incr != 0:
+            raise ConfigError(f"--rampup-batch-size {start} {incr} {samples}: --global-batch-size "
+                              f"{args.global_batch_size} minus the start {start} must be a non-negative multiple of "
+                              f"the increment {incr}")
+        for value, what in ((start, "start"), (incr, "increment")):
+            if value % per_step != 0:
+                raise ConfigError(f"--rampup-batch-size {what} {value} is not divisible by --micro-batch-size "
+                                  f"{args.micro_batch_size} x data-parallel size {dp} = {per_step}")
+        args.rampup_batch_size = [str(start), str(incr), str(samples)]
+
+    if args.step_batch_size_schedule is not None:
+        schedule = _parse_step_schedule(args.step_batch_size_schedule)
+        if args.rampup_batch_size is not None:
+            raise ConfigError("--step-batch-size-schedule and --rampup-batch-size are mutually exclusive")
+        if not args.train_iters and not args.skip_train:
+            raise ConfigError("--step-batch-size-schedule needs iteration-based training (--train-iters)")
+        for _, gbs in schedule:
+            _gbs_check(gbs, "--step-batch-size-schedule batch size")
+        args.step_batch_size_schedule = schedule
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    for flag, dest in (("--data-path", "data_path"), ("--train-data-path", "train_data_path"),
+                       ("--valid-data-path", "valid_data_path"), ("--test-data-path", "test_data_path")):
+        tokens = getattr(args, dest)
+        if not tokens:
+            continue
+        weights, prefixes = _split_blend(tokens)
+        if weights is not None and any(w < 0 for w in weights):
+            raise ConfigError(f"{flag}: weights must be non-negative")
+        for prefix in prefixes:
+            missing = [ext for ext in (".bin", ".idx") if not os.path.isfile(prefix + ext)]
+            if missing:
+                hint = ""
+                if prefix.endswith((".bin", ".idx")):
+                    hint = f" (a prefix names the files without the suffix: {prefix[:-4]})"
+                raise ConfigError(
+                    f"{flag} {prefix}: {' and '.join(prefix + e for e in missing)} not found{hint}; build the "
+                    "dataset with `megatron-npu preprocess --input FILE.jsonl --output-prefix PREFIX ...`")
+    if args.mock_data or args.tokenizer_type in (None, "NullTokenizer"):
+        return
+    t = args.tokenizer_type
+    if t in _SPM_TOKENIZERS:
+        _need_path(args.tokenizer_model, "--tokenizer-model", t, directory=False)
+    elif t == "HuggingFaceTokenizer":
+        _need_path(args.tokenizer_model, "--tokenizer-model", t, directory=None)
+    elif t == "GPT2BPETokenizer":
+        _need_path(args.vocab_file, "--vocab-file", t, directory=False)
+        _need_path(args.merge_file, "--merge-file", t, directory=False)
+
+
+def _need_path(path: str | None, flag: str, kind: str, *, directory: bool | None) -> None:
+    if not path:
+        raise ConfigError(f"--tokenizer-type {kind} needs {flag}")
+    ok = os.path.exists(path) if directory is None else (os.path.isdir(path) if directory else os.path.isfile(path))
+    if not ok:
+        raise ConfigError(f"{flag} {path}: no such file (needed by --tokenizer-type {kind})")
