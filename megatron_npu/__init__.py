@@ -8,6 +8,7 @@ for the selected accelerator (``MEGATRON_NPU_DEVICE=auto|npu|cuda|cpu``); set
 from __future__ import annotations
 
 import os
+import warnings
 
 from .accelerator import get_accelerator
 from .registry import REGISTRY, Patch
@@ -33,6 +34,14 @@ def applied_patches() -> list[Patch]:
     return REGISTRY.applied()
 
 
+def _quiet_expected_fallbacks() -> None:
+    """megatron-core warns at import that Transformer Engine / apex are missing and it falls
+    back to torch; off CUDA that is how megatron-npu runs, so the warning is noise (x ranks)."""
+    if not get_accelerator().is_upstream:
+        warnings.filterwarnings("ignore", message=r"(Transformer Engine|Apex).* not installed", category=UserWarning)
+
+
+_quiet_expected_fallbacks()
 if os.environ.get(AUTOPATCH_ENVVAR, "1") not in ("0", "false", "no"):
     patch()
 

@@ -20,17 +20,18 @@ MODEL = [
     "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
     "--seq-length", "32", "--max-position-embeddings", "32",
     "--micro-batch-size", "2", "--global-batch-size", "8",
-    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
     "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2",
     "--weight-decay", "0.01", "--clip-grad", "1.0", "--seed", "1234",
     "--log-interval", "1", "--eval-interval", "2", "--eval-iters", "1", "--num-workers", "0",
 ]  # fmt: skip
+MOCK_DATA = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128"]
 NO_DROPOUT = ["--attention-dropout", "0", "--hidden-dropout", "0"]
 
 
-def pretrain(run_dir: Path, *flags: str, nproc: int = 1, timeout: float = 600) -> Job:
-    """Launch pretrain_gpt.py with MODEL + flags, logs under run_dir/logs."""
-    return torchrun(PRETRAIN, *MODEL, *flags, "--log-dir", str(run_dir / "logs"), nproc=nproc, timeout=timeout)
+def pretrain(run_dir: Path, *flags: str, nproc: int = 1, timeout: float = 600, mock_data: bool = True) -> Job:
+    """Launch pretrain_gpt.py with MODEL (+ MOCK_DATA) + flags, logs under run_dir/logs."""
+    data = MOCK_DATA if mock_data else []
+    return torchrun(PRETRAIN, *MODEL, *data, *flags, "--log-dir", str(run_dir / "logs"), nproc=nproc, timeout=timeout)
 
 
 def metrics(run_dir: Path) -> list[dict]:

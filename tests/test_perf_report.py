@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from distributed import torchrun_nodes
-from pretrain_runs import MODEL, PRETRAIN, pretrain
+from pretrain_runs import MOCK_DATA, MODEL, PRETRAIN, pretrain
 
 from megatron_npu.perf import report as perf_report
 
@@ -54,7 +54,7 @@ def slow_loader(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     run = tmp_path_factory.mktemp("perf_nodes")
-    jobs = torchrun_nodes(PRETRAIN, *MODEL, "--train-iters", "3", "--tensor-model-parallel-size", "2",
+    jobs = torchrun_nodes(PRETRAIN, *MODEL, *MOCK_DATA, "--train-iters", "3", "--tensor-model-parallel-size", "2",
                           "--timing-log-level", "2", "--log-dir", str(run / "logs"), nnodes=2, nproc_per_node=2)  # fmt: skip
     for job in jobs:
         job.check()

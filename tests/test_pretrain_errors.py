@@ -11,14 +11,14 @@ import sys
 
 import pytest
 from distributed import ROOT, base_env, run, torchrun
-from pretrain_runs import MODEL, PRETRAIN
+from pretrain_runs import MOCK_DATA, MODEL, PRETRAIN
 
 sys.path.insert(0, str(ROOT))
 
 
 def flags(*changes: str, drop: tuple[str, ...] = ()) -> list[str]:
     """MODEL flags with ``changes`` (flag, value pairs or switches) replacing or adding to them."""
-    out = list(MODEL)
+    out = [*MODEL, *MOCK_DATA]
     for flag in drop:
         index = out.index(flag)
         has_value = index + 1 < len(out) and not out[index + 1].startswith("--")

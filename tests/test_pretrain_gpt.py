@@ -34,10 +34,16 @@ def dropout_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def resumed_run(dropout_run, tmp_path_factory):
+    """Resumes at 3 from a root that also holds what a save killed at iteration 6 leaves behind."""
     source, _ = dropout_run
     run = tmp_path_factory.mktemp("resumed")
-    load = checkpoint_at(source / "ckpt", 3, run / "ckpt")
-    return run, pretrain(run, *ITERS, "--use-distributed-optimizer", "--load", str(load)).check()
+    root = checkpoint_at(source / "ckpt", 3, run / "ckpt")
+    killed = root / "iter_0000006.partial"
+    killed.mkdir()
+    (killed / "__0_0.distcp").write_bytes(b"half a shard")
+    job = pretrain(run, *ITERS, "--use-distributed-optimizer", "--load", str(root), "--save", str(root),
+                   "--save-interval", "3").check()  # fmt: skip
+    return run, job
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +128,14 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(dropout_run, resumed_ru
     assert "successfully loaded checkpoint" in job.stdout
 
 
+def test_a_save_killed_midway_never_shadows_the_last_complete_checkpoint(resumed_run):
+    run, job = resumed_run
+    root = run / "ckpt"
+    assert "at iteration 3" in job.stdout  # the tracker, not the half-written directory, decides
+    assert sorted(p.name for p in root.iterdir()) == ["iter_0000003", "iter_0000006", "latest_checkpointed_iteration.txt"]
+    assert (root / "latest_checkpointed_iteration.txt").read_text() == "6"
+
+
 def test_tp1_checkpoint_trains_on_under_tp2_dp2_with_sp_and_distributed_optimizer(reference_run, tp2_dp2_run):
     run, _ = tp2_dp2_run
     expected = {i: v for i, v in train_losses(reference_run).items() if i > 3}
@@ -159,15 +173,20 @@ def test_timers_are_written_per_rank_and_iteration(tp2_pp2_vpp2_run):
             assert record["num_microbatches"] == 4
 
 
-def test_llama_style_fp16_with_recompute_counts_skipped_iterations_as_megatron_lm(tmp_path):
-    """GQA, RoPE, SwiGLU, RMSNorm, untied embeddings, no biases, full recompute, fp16 loss scaling:
-    the dynamic scale starts at 2**32 and overflows; each overflow skips the update, and after the
-    first (hysteresis 2) the scale halves, as in Megatron-LM."""
-    job = pretrain(tmp_path, "--train-iters", "3", "--fp16", "--eval-iters", "0", "--group-query-attention",
+def test_llama_style_fp16_with_recompute_on_real_data_counts_skipped_iterations_as_megatron_lm(tmp_path):
+    """The bundled corpus as a Megatron indexed dataset with its SentencePiece tokenizer; GQA, RoPE,
+    SwiGLU, RMSNorm, untied embeddings, no biases, full recompute, fp16 loss scaling: the dynamic
+    scale starts at 2**32 and overflows; each overflow skips the update, and after the first
+    (hysteresis 2) the scale halves, as in Megatron-LM."""
+    from megatron_npu.data import DEMO_TOKENIZER_MODEL, ensure_demo_dataset
+
+    data = ["--data-path", ensure_demo_dataset(str(tmp_path / "data")), "--split", "98,2,0",
+            "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", DEMO_TOKENIZER_MODEL]  # fmt: skip
+    job = pretrain(tmp_path, *data, "--train-iters", "3", "--fp16", "--eval-iters", "0", "--group-query-attention",
                    "--num-query-groups", "2", "--position-embedding-type", "rope", "--swiglu",
                    "--normalization", "RMSNorm", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
                    "--recompute-granularity", "full", "--recompute-method", "uniform",
-                   "--recompute-num-layers", "1").check()  # fmt: skip
+                   "--recompute-num-layers", "1", mock_data=False).check()  # fmt: skip
     lines = [line for line in job.stdout.splitlines() if "] iteration " in line]
     scales = [float(re.search(r"loss scale: ([\d.]+)", line).group(1)) for line in lines]
     skipped = [int(re.search(r"number of skipped iterations: +(\d+)", line).group(1)) for line in lines]

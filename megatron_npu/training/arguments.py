@@ -580,5 +580,5 @@ def _check_value_refusals(args: argparse.Namespace) -> None:
         if row.allowed is None or row.flag not in FLAG_DESTS:
             continue
         value = getattr(args, FLAG_DESTS[row.flag])
-        if _value_str(value) not in row.allowed:
+        if value is not None and _value_str(value) not in row.allowed:  # None: not given, a default follows
             raise ConfigError(row.message(row.flag, value))

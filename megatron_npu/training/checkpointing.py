@@ -168,11 +168,16 @@ def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.
     Returns the iteration to continue from (0 for ``--finetune`` or no checkpoint).
     """
     root = args.load
-    iteration = read_tracker(root)
+    iteration = args.ckpt_step if args.ckpt_step is not None else read_tracker(root)
     if iteration is None:
+        if args.exit_on_missing_checkpoint:
+            raise ConfigError(f"--load {root}: no {TRACKER} (and --exit-on-missing-checkpoint is set)")
         print_rank_0(f"WARNING: could not find {TRACKER} in {root}: training from scratch")
         return 0
     directory = checkpoint_dir(root, iteration)
+    if not os.path.isdir(directory):
+        raise ConfigError(f"--load {root}: no checkpoint directory {os.path.basename(directory)}"
+                          + (" (--ckpt-step)" if args.ckpt_step is not None else f" (named by {TRACKER})"))
     common = dist_checkpointing.load_common_state_dict(directory)
     _check_model_shape(common.get("model_shape", {}), args, directory)
     same_layout = {k: v for k, v in common["layout"].items() if k != "dp"} == {
@@ -188,7 +193,7 @@ def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.
     if not same_layout:
         print_rank_0(f"  loading a {common['layout']} checkpoint into {_layout()}: resharding; RNG states start fresh")
     state = _sharded_state(model, optimizer, scheduler, optim=load_optim, rng=load_rng, loading=True)
-    state = dist_checkpointing.load(state, directory)
+    state = dist_checkpointing.load(state, directory, strict=args.dist_ckpt_strictness)
     for key, chunk in zip(_model_keys(model), model, strict=True):
         _unwrap(chunk).load_state_dict(state[key])
     if load_optim:

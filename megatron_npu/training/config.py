@@ -59,6 +59,16 @@ def _activation(args: argparse.Namespace) -> tuple[Callable, bool]:
     return F.gelu, False
 
 
+def _optional(args: argparse.Namespace) -> dict:
+    """Fields set only when given: megatron-core's own defaults stand otherwise."""
+    extra: dict = {}
+    if args.recompute_modules is not None:
+        extra["recompute_modules"] = args.recompute_modules
+    if args.init_method_xavier_uniform:  # as Megatron-LM: both init methods
+        extra["init_method"] = extra["output_layer_init_method"] = torch.nn.init.xavier_uniform_
+    return extra
+
+
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
     activation, gated = _activation(args)
     fusions = available_fusions(args)
@@ -111,6 +121,15 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers,
         use_cpu_initialization=bool(args.use_cpu_initialization),
+        perform_initialization=args.perform_initialization,
+        rotary_interleaved=args.rotary_interleaved,
+        distribute_saved_activations=args.distribute_saved_activations,
+        clone_scatter_output_in_embedding=args.clone_scatter_output_in_embedding,
+        deterministic_mode=args.deterministic_mode,
+        overlap_p2p_comm_warmup_flush=args.overlap_p2p_comm_warmup_flush,
+        defer_embedding_wgrad_compute=args.defer_embedding_wgrad_compute,
+        wgrad_deferral_limit=args.wgrad_deferral_limit,
+        **_optional(args),
         deallocate_pipeline_outputs=get_accelerator().stream_ordered_p2p,
         barrier_with_L1_time=False,
     )
@@ -137,14 +156,16 @@ def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
         hysteresis=args.hysteresis,
         use_distributed_optimizer=args.use_distributed_optimizer,
         overlap_param_gather_with_optimizer_step=False,
+        log_num_zeros_in_grad=args.log_num_zeros_in_grad,
         barrier_with_L1_time=False,
     )
 
 
 def ddp_config(args: argparse.Namespace) -> DistributedDataParallelConfig:
-    # Megatron-LM reduces bf16 gradients in fp32 (validate_args forces it).
+    # bf16 reduces gradients in fp32 unless --grad-reduce-in-bf16 (validation.py derives it).
     return DistributedDataParallelConfig(
-        grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32 or args.bf16,
+        grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
+        average_in_collective=args.ddp_average_in_collective,
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
         use_distributed_optimizer=args.use_distributed_optimizer,

@@ -78,6 +78,7 @@ def gpt_dataset_config(args: argparse.Namespace, tokenizer: object) -> GPTDatase
         reset_attention_mask=args.reset_attention_mask,
         eod_mask_loss=args.eod_mask_loss,
         create_attention_mask=args.reset_attention_mask,
+        num_dataset_builder_threads=args.num_dataset_builder_threads,
     )
 
 
@@ -111,6 +112,29 @@ class PretrainingSampler:
             yield list(range(block + start, block + start + self.micro_batch_size))
 
 
+class RandomSampler(PretrainingSampler):
+    """``--dataloader-type cyclic``: Megatron-LM's MegatronPretrainingRandomSampler (data sharding on).
+
+    Each DP rank owns a contiguous bucket of the epoch and visits it in a permutation
+    seeded by the epoch number; epochs repeat without end. Resumes at any consumed count.
+    """
+
+    def __iter__(self) -> Iterator[list[int]]:
+        active_total = self.total_samples - self.total_samples % self.block
+        bucket_size = (self.total_samples // self.block) * self.micro_batch_size
+        consumed = self.consumed_samples
+        while True:
+            epoch, in_epoch = divmod(consumed, active_total)
+            permutation = torch.randperm(bucket_size, generator=torch.Generator().manual_seed(epoch)).tolist()
+            start = self.dp_rank * bucket_size
+            offset = in_epoch // (self.block // self.micro_batch_size)
+            indices = [start + i for i in permutation[offset:]]
+            for first in range(0, len(indices) - self.micro_batch_size + 1, self.micro_batch_size):
+                consumed += self.block
+                yield indices[first : first + self.micro_batch_size]
+            consumed = (epoch + 1) * active_total
+
+
 class CyclicSampler(PretrainingSampler):
     """Wraps around the dataset: validation reuses its samples across evaluations."""
 
@@ -140,7 +164,7 @@ class _DelayedIterator:
 def build_loader(dataset, consumed_samples: int, args: argparse.Namespace, cyclic: bool = False) -> Iterator | None:
     if dataset is None or len(dataset) == 0:
         return None
-    sampler_cls = CyclicSampler if cyclic else PretrainingSampler
+    sampler_cls = CyclicSampler if cyclic else RandomSampler if args.dataloader_type == "cyclic" else PretrainingSampler
     sampler = sampler_cls(
         len(dataset),
         consumed_samples,

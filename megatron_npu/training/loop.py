@@ -164,10 +164,11 @@ def wire_model_config(model: list, optimizer: Any, timers: Any, args: argparse.N
     config.finalize_model_grads_func = finalize_model_grads
     if args.overlap_grad_reduce:
         no_sync = [chunk.no_sync for chunk in model]
-        grad_sync = [chunk.start_grad_sync for chunk in model]
         config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
-        config.grad_sync_func = grad_sync[0] if len(model) == 1 else grad_sync
-    if args.overlap_param_gather:
+        if args.align_grad_reduce:
+            grad_sync = [chunk.start_grad_sync for chunk in model]
+            config.grad_sync_func = grad_sync[0] if len(model) == 1 else grad_sync
+    if args.overlap_param_gather and args.align_param_gather:
         param_sync = [chunk.start_param_sync for chunk in model]
         config.param_sync_func = param_sync[0] if len(model) == 1 else param_sync
     return config
@@ -201,7 +202,7 @@ class Trainer:
     def _iterator(self, iterators: list) -> Any:
         return iterators if len(self.model) > 1 else iterators[0]
 
-    def train_step(self, iterators: list) -> tuple[dict[str, torch.Tensor], bool, float | None]:
+    def train_step(self, iterators: list) -> tuple[dict[str, torch.Tensor], bool, float | None, int | None]:
         args = self.args
         for chunk in self.model:
             chunk.zero_grad_buffer()
@@ -218,11 +219,11 @@ class Trainer:
         )
         timers = self.model[0].config.timers
         timers("optimizer", log_level=1).start()
-        updated, grad_norm, _ = self.optimizer.step()
+        updated, grad_norm, num_zeros = self.optimizer.step()
         timers("optimizer").stop()
         if updated:
             self.scheduler.step(increment=get_num_microbatches() * args.micro_batch_size * args.data_parallel_size)
-        return _mean_over_microbatches(reports), updated, grad_norm
+        return _mean_over_microbatches(reports), updated, grad_norm, num_zeros
 
     def evaluate(self, iterators: list) -> dict[str, float]:
         args = self.args
@@ -298,7 +299,7 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
         profiler.before(iteration)
         accelerator.synchronize()
         started = time.perf_counter()
-        losses, updated, grad_norm = trainer.train_step(train_iterators)
+        losses, updated, grad_norm, num_zeros = trainer.train_step(train_iterators)
         accelerator.synchronize()
         elapsed = time.perf_counter() - started
         profiler.after(iteration)
@@ -336,7 +337,7 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
                 mfu=tflops / peak if (peak and args.log_throughput) else None, learning_rate=lr,
                 global_batch_size=batch_size,
                 losses={k: v / interval["iters"] for k, v in interval["losses"].items()},
-                loss_scale=loss_scale, grad_norm=grad_norm,
+                loss_scale=loss_scale, grad_norm=grad_norm, num_zeros=num_zeros,
                 skipped=trainer.skipped_iterations, nans=trainer.nan_iterations,
             ))  # fmt: skip
             interval = {"time": 0.0, "iters": 0, "losses": {}, "flops": 0.0}

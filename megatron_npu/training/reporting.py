@@ -53,6 +53,7 @@ def iteration_line(
     skipped: int,
     nans: int,
     mfu: float | None = None,
+    num_zeros: float | None = None,
 ) -> str:
     line = f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}]"
     line += f" iteration {iteration:8d}/{train_iters:8d} |"
@@ -69,6 +70,8 @@ def iteration_line(
     line += f" loss scale: {loss_scale:.1f} |"
     if grad_norm is not None:
         line += f" grad norm: {grad_norm:.3f} |"
+    if num_zeros is not None:
+        line += f" num zeros: {num_zeros:.1f} |"
     line += f" number of skipped iterations: {skipped:3d} |"
     line += f" number of nan iterations: {nans:3d} |"
     return line
