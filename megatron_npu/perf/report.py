@@ -454,9 +454,11 @@ def analyse(run: Run, skip: int = 1, intra_gbps: float | None = None, inter_gbps
     advice3 = []
     if stage_spread is not None and stage_spread > BALANCE_SPREAD_LIMIT and pp > 1:
         heavy = max(stages, key=lambda s: stages[s]["busy_s"])
-        advice3.append(f"stage {heavy} is the busiest ({stage_spread:.2f}x the idlest): move layers off it "
-                       "(--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers); the first stage "
-                       "holds the embedding, the last the output layer and loss.")  # fmt: skip
+        advice3.append(f"stage {heavy} is the busiest ({stage_spread:.2f}x the idlest): the first stage holds the "
+                       "embedding, the last the output layer and loss; with a large vocabulary prefer more layers per "
+                       "stage (fewer PP stages) or virtual stages (--num-layers-per-virtual-pipeline-stage); uneven "
+                       "splits (Megatron-LM's --decoder-first/last-pipeline-num-layers) are not supported by "
+                       "pretrain_gpt.py yet.")  # fmt: skip
     elif imbalance:
         advice3.append("ranks of one stage differ: a slow or shared card/host (check npu-smi for throttling, "
                        "other jobs, CPU binding) or uneven data.")  # fmt: skip
