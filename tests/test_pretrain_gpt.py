@@ -89,7 +89,8 @@ def test_iteration_lines_have_megatron_lm_shape_and_the_loss_falls(dropout_run):
     printed = [float(m.group(3)) for m in lines]
     assert printed == pytest.approx(list(train_losses(run).values()), rel=1e-6)
     assert printed[-1] < printed[0]
-    assert job.stdout.count(" validation loss at iteration ") == 4  # iterations 2, 4, 6 and the final one
+    assert job.stdout.count(" validation loss at iteration ") == 5  # iterations 2, 4, 6, the final one, the test set
+    assert " validation loss at iteration 6 on test set |" in job.stdout
 
 
 def test_checkpoints_are_megatron_lm_layout_and_nothing_partial_is_left(dropout_run):
@@ -107,7 +108,8 @@ def test_tensorboard_has_megatron_tag_names(dropout_run):
     events = EventAccumulator(str(run / "tb"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"lm loss", "learning-rate", "grad-norm", "loss-scale", "batch-size", "lm loss validation"} <= tags
+    assert {"lm loss", "learning-rate", "grad-norm", "loss-scale", "batch-size", "lm loss validation",
+            "lm loss test"} <= tags
     assert [e.step for e in events.Scalars("lm loss")] == [1, 2, 3, 4, 5, 6]
 
 

@@ -196,13 +196,14 @@ def chunk_reads_data(vp_stage: int | None) -> bool:
 
 def build_iterators(
     datasets: list, num_chunks: int, args: argparse.Namespace
-) -> tuple[list[Iterator | None], list[Iterator | None]]:
-    """Per-chunk (train, valid) iterators; None where the chunk reads no data."""
-    train_ds, valid_ds, _ = datasets
-    train, valid = [], []
+) -> tuple[list[Iterator | None], list[Iterator | None], list[Iterator | None]]:
+    """Per-chunk (train, valid, test) iterators; None where the chunk reads no data."""
+    train_ds, valid_ds, test_ds = datasets
+    train, valid, test = [], [], []
     for chunk in range(num_chunks):
         vp_stage = chunk if num_chunks > 1 else None
         reads = chunk_reads_data(vp_stage)
         train.append(build_loader(train_ds, args.consumed_train_samples, args) if reads else None)
         valid.append(build_loader(valid_ds, args.consumed_valid_samples, args, cyclic=True) if reads else None)
-    return train, valid
+        test.append(build_loader(test_ds, 0, args) if reads else None)
+    return train, valid, test

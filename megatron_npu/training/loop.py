@@ -225,7 +225,7 @@ class Trainer:
             self.scheduler.step(increment=get_num_microbatches() * args.micro_batch_size * args.data_parallel_size)
         return _mean_over_microbatches(reports), updated, grad_norm, num_zeros
 
-    def evaluate(self, iterators: list) -> dict[str, float]:
+    def evaluate(self, iterators: list, count_validation_samples: bool = True) -> dict[str, float]:
         args = self.args
         for chunk in self.model:
             chunk.eval()
@@ -245,7 +245,8 @@ class Trainer:
                 )
                 for key, value in _mean_over_microbatches(reports).items():
                     totals[key] = totals.get(key, 0.0) + value.item() / args.eval_iters
-                args.consumed_valid_samples += args.global_batch_size
+                if count_validation_samples:  # the resumable position of the validation stream
+                    args.consumed_valid_samples += args.global_batch_size
         for chunk in self.model:
             chunk.train()
         return totals
@@ -262,6 +263,11 @@ class Trainer:
 
 def _is_last_rank() -> bool:
     return dist.get_rank() == dist.get_world_size() - 1
+
+
+def _anywhere(iterators: list) -> bool:
+    """True on every rank when any rank holds a data iterator."""
+    return _sum_over_world(float(any(it is not None for it in iterators))) > 0
 
 
 def _sum_over_world(value: float) -> float:
@@ -390,10 +396,12 @@ def _should_exit(args: argparse.Namespace, iteration: int, start_time: float) ->
     return False
 
 
-def run_evaluation(trainer: Trainer, iterators: list, prefix: str, iteration: int, metrics: MetricsWriter) -> None:
-    losses = trainer.evaluate(iterators)
+def run_evaluation(
+    trainer: Trainer, iterators: list, prefix: str, iteration: int, metrics: MetricsWriter, split: str = "validation"
+) -> None:
+    losses = trainer.evaluate(iterators, count_validation_samples=split == "validation")
     print_rank_last(validation_lines(prefix, losses))
-    metrics.validation(iteration, trainer.args.consumed_train_samples, losses)
+    metrics.evaluation(iteration, trainer.args.consumed_train_samples, losses, split)
 
 
 def pretrain(
@@ -441,18 +449,23 @@ def pretrain(
     trainer = Trainer(args, model, optimizer, scheduler, forward_step_func)
 
     datasets = train_valid_test_dataset_provider(train_valid_test_num_samples(args))
-    train_iterators, valid_iterators = build_iterators(datasets, len(model), args)
+    train_iterators, valid_iterators, test_iterators = build_iterators(datasets, len(model), args)
     # Every rank evaluates or none does: ranks whose chunks read no data hold None
     # iterators but still take part in the pipeline.
-    has_validation = args.eval_iters > 0 and _sum_over_world(float(any(it is not None for it in valid_iterators))) > 0
+    has_validation = args.eval_iters > 0 and _anywhere(valid_iterators)
+    has_test = args.eval_iters > 0 and _anywhere(test_iterators)
     print_rank_0(f"training: {sum(p.numel() for p in model[0].parameters())} parameters on rank 0, "
                  f"{args.world_size} ranks = TP {args.tensor_model_parallel_size} x PP "
                  f"{args.pipeline_model_parallel_size} x DP {args.data_parallel_size}")  # fmt: skip
     if not args.skip_train:
         iteration = train(trainer, iteration, train_iterators, valid_iterators if has_validation else None)
+    final_metrics = MetricsWriter(args, _is_last_rank())
     if has_validation and not args.skip_train:
-        run_evaluation(trainer, valid_iterators, f"at iteration {iteration} on validation set", iteration,
-                       MetricsWriter(args, _is_last_rank()))  # fmt: skip
+        run_evaluation(trainer, valid_iterators, f"at iteration {iteration} on validation set", iteration, final_metrics)
+    if has_test:  # Megatron-LM evaluates the test split once, at the end
+        run_evaluation(trainer, test_iterators, f"at iteration {iteration} on test set", iteration, final_metrics,
+                       split="test")  # fmt: skip
+    final_metrics.close()
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -123,17 +123,18 @@ class MetricsWriter:
                     self.tensorboard.add_scalar(tag, value, iteration)
                     self.tensorboard.add_scalar(f"{tag} vs samples", value, consumed_samples)
 
-    def validation(self, iteration: int, consumed_samples: int, losses: dict[str, float]) -> None:
+    def evaluation(self, iteration: int, consumed_samples: int, losses: dict[str, float], split: str) -> None:
+        """``split`` is "validation" or "test": the metrics.jsonl key and the TensorBoard tag suffix."""
         if not self.enabled:
             return
         if self.jsonl:
-            self.jsonl.write(json.dumps({"iteration": iteration, "validation": losses}) + "\n")
+            self.jsonl.write(json.dumps({"iteration": iteration, split: losses}) + "\n")
             self.jsonl.flush()
         if self.tensorboard:
             for key, value in losses.items():
-                self.tensorboard.add_scalar(f"{key} validation", value, iteration)
-                self.tensorboard.add_scalar(f"{key} validation vs samples", value, consumed_samples)
-                self.tensorboard.add_scalar(f"{key} validation ppl", math.exp(min(20.0, value)), iteration)
+                self.tensorboard.add_scalar(f"{key} {split}", value, iteration)
+                self.tensorboard.add_scalar(f"{key} {split} vs samples", value, consumed_samples)
+                self.tensorboard.add_scalar(f"{key} {split} ppl", math.exp(min(20.0, value)), iteration)
 
     def close(self) -> None:
         if self.tensorboard:
