@@ -365,7 +365,7 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
 
 class StepProfiler:
     """``--profile``: torch.profiler over iterations [profile_step_start, profile_step_end) on
-    ``--profile-ranks``; a Chrome trace per rank in LOG_DIR/profile/ (perf-report reads it)."""
+    ``--profile-ranks``; a Chrome trace per rank in LOG_DIR/profile/ (chrome://tracing, Perfetto)."""
 
     def __init__(self, args: argparse.Namespace):
         self.enabled = bool(args.profile) and dist.get_rank() in args.profile_ranks and args.log_dir is not None
