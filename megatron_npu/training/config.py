@@ -33,11 +33,8 @@ CUDA_EXTENSION_FUSIONS = {
 
 
 def params_dtype(args: argparse.Namespace) -> torch.dtype:
-    if args.bf16:
-        return torch.bfloat16
-    if args.fp16:
-        return torch.float16
-    return torch.float32
+    """``args.params_dtype`` ("float32" / "float16" / "bfloat16", derived in validation.py) as a torch dtype."""
+    return DTYPES[args.params_dtype]
 
 
 def available_fusions(args: argparse.Namespace) -> dict[str, bool]:

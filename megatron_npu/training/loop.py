@@ -79,8 +79,6 @@ def setup_args(argv: list[str] | None, args_defaults: dict | None) -> tuple[argp
         tensor_model_parallel_size=args.tensor_model_parallel_size,
     )
     args.padded_vocab_size = tokenizer.padded_vocab_size()
-    args.consumed_train_samples = 0
-    args.consumed_valid_samples = 0
     if args.log_dir is None:
         args.log_dir = args.tensorboard_dir or (os.path.join(args.save, "logs") if args.save else None)
     return args, tokenizer

@@ -14,8 +14,6 @@ import os
 from datetime import datetime
 from typing import IO, Any
 
-from megatron_npu.training.global_vars import print_rank_last
-
 SEPARATOR = "-" * 100
 
 
@@ -141,7 +139,3 @@ class MetricsWriter:
             self.tensorboard.close()
         if self.jsonl:
             self.jsonl.close()
-
-
-def log_iteration(line_kwargs: dict[str, Any]) -> None:
-    print_rank_last(iteration_line(**line_kwargs))

@@ -31,7 +31,7 @@ from typing import IO, Any
 
 from megatron.core.timers import Timers
 
-from megatron_npu.perf.comm import CommCounter
+from megatron_npu.perf.comm import CommCounter, megatron_groups
 
 PP_TIMER_PREFIXES = ("forward-send", "forward-recv", "backward-send", "backward-recv", "forward-backward-send")
 FIELDS = {
@@ -58,18 +58,6 @@ def timer_fields(raw: dict[str, float]) -> dict[str, float]:
     return fields
 
 
-def _labelled_groups() -> dict[str, Any]:
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    return {
-        "tp": ps.get_tensor_model_parallel_group(), "pp": ps.get_pipeline_model_parallel_group(),
-        "dp_cp": ps.get_data_parallel_group(with_context_parallel=True), "dp": ps.get_data_parallel_group(),
-        "embd": ps.get_embedding_group(check_initialized=False), "mp": ps.get_model_parallel_group(),
-        "dist_opt": ps.get_intra_distributed_optimizer_instance_group(), "world": dist.group.WORLD,
-    }  # fmt: skip
-
-
 class TimerLog:
     """Writes each iteration's timers (and, at level 2, communication) of this rank, then resets them."""
 
@@ -83,7 +71,7 @@ class TimerLog:
             self._file = open(os.path.join(log_dir, "timers", f"rank{rank:05d}.jsonl"), "a")
         if self.enabled and level >= 2:
             self.counter = CommCounter().install()
-            self.counter.label_groups(_labelled_groups())
+            self.counter.label_groups(megatron_groups())
         self.rank = rank
 
     def write(self, iteration: int, iteration_s: float, extra: dict[str, Any]) -> None:
