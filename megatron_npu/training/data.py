@@ -59,7 +59,8 @@ def train_valid_test_num_samples(args: argparse.Namespace) -> list[int]:
 
 
 def is_dataset_built_on_rank() -> bool:
-    return parallel_state.is_pipeline_first_stage() or parallel_state.is_pipeline_last_stage()
+    """Some model chunk of this rank reads data (first or last pipeline stage)."""
+    return chunk_reads_data(None)
 
 
 def gpt_dataset_config(args: argparse.Namespace, tokenizer: object) -> GPTDatasetConfig:

@@ -88,8 +88,10 @@ def layout_record() -> dict:
 
 def write_run_files(args: argparse.Namespace) -> None:
     """LOG_DIR/layout.json (the groups as built) and LOG_DIR/args.json (every argument)."""
+    if not args.log_dir:  # the same on every rank: none of them gathers
+        return
     record = layout_record()
-    if args.log_dir and dist.get_rank() == 0:
+    if dist.get_rank() == 0:
         os.makedirs(args.log_dir, exist_ok=True)
         with open(os.path.join(args.log_dir, "layout.json"), "w") as f:
             json.dump(record, f, indent=1)
