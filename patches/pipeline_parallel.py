@@ -9,6 +9,10 @@
   batch_p2p_comm=False`` there, which is exact.
 * Where the accelerator prefers separate isend/irecv (HCCL: MindSpeed sets
   ``batch_p2p_comm=False`` for PP>=2), batched p2p is turned off.
+* ``deallocate_pipeline_outputs`` frees a stage's output right after its async
+  send; that is safe only where sends are ordered on the device stream (NCCL,
+  HCCL). Gloo reads the buffer later, so on such a backend it is turned off:
+  otherwise the interleaved schedule sends freed memory (NaN gradients, at random).
 """
 
 from __future__ import annotations
@@ -35,14 +39,18 @@ def needs_unbatched_p2p(config: Any, prefer_unbatched: bool) -> bool:
 @register(
     "ModelParallelConfig.__post_init__.p2p",
     "megatron.core.model_parallel_config:ModelParallelConfig.__post_init__",
-    reason="VPP with PP=2 and batched p2p swaps activations and gradients; on npu batched p2p is slower",
+    reason="VPP with PP=2 and batched p2p swaps activations and gradients; on npu batched p2p is slower; "
+    "gloo sends read pipeline outputs after megatron frees them",
     subsystem=SUBSYSTEM,
 )
 def _post_init(original: Callable, accelerator: Accelerator) -> Callable:
     prefer_unbatched = accelerator.prefers_unbatched_p2p
+    may_free_sent_outputs = accelerator.stream_ordered_p2p
 
     @functools.wraps(original)
     def __post_init__(self: Any) -> None:  # noqa: N807
+        if not may_free_sent_outputs:
+            self.deallocate_pipeline_outputs = False
         if needs_unbatched_p2p(self, prefer_unbatched):
             if self.virtual_pipeline_model_parallel_size is not None:
                 warnings.warn(

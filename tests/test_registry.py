@@ -141,3 +141,13 @@ def test_tensor_type_reports_cuda_names_only_inside_megatron_checks():
     # clip_grad_by_total_norm_fp32 asserts grad.type() == 'torch.cuda.FloatTensor'
     clip_grads.clip_grad_by_total_norm_fp32([param], max_norm=1.0, total_norm=2.0)
     assert torch.allclose(param.grad, torch.full((3,), 0.5), atol=1e-6)
+
+
+def test_pipeline_outputs_are_kept_until_gloo_has_sent_them():
+    """Freeing a stage's output right after its async send is safe only on stream-ordered backends."""
+    from megatron.core.model_parallel_config import ModelParallelConfig
+
+    assert megatron_npu.applied_patches(), "import megatron_npu applies the patch set"
+    config = ModelParallelConfig(pipeline_model_parallel_size=2, pipeline_dtype=torch.float32,
+                                 deallocate_pipeline_outputs=True)  # fmt: skip
+    assert config.deallocate_pipeline_outputs is False

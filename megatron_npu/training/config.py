@@ -127,7 +127,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         defer_embedding_wgrad_compute=args.defer_embedding_wgrad_compute,
         wgrad_deferral_limit=args.wgrad_deferral_limit,
         **_optional(args),
-        deallocate_pipeline_outputs=get_accelerator().stream_ordered_p2p,
+        deallocate_pipeline_outputs=True,  # as Megatron-LM; patches/pipeline_parallel.py keeps it off on gloo
         barrier_with_L1_time=False,
     )
 
