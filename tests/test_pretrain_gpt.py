@@ -194,3 +194,13 @@ def test_llama_style_fp16_with_recompute_on_real_data_counts_skipped_iterations_
     skipped = [int(re.search(r"number of skipped iterations: +(\d+)", line).group(1)) for line in lines]
     assert scales == [2.0**32, 2.0**31, 2.0**30] and skipped == [1, 2, 3]
     assert all("grad norm" not in line for line in lines)  # no update, no norm: Megatron-LM prints none
+
+
+def test_a_changed_lr_schedule_on_resume_is_one_message_naming_the_flags(dropout_run, tmp_path):
+    source, _ = dropout_run
+    load = checkpoint_at(source / "ckpt", 3, tmp_path / "ckpt")
+    job = pretrain(tmp_path, "--train-iters", "8", "--use-distributed-optimizer", "--load", str(load))
+    assert job.returncode != 0
+    assert job.stderr.count("megatron-npu: error:") == 1
+    assert "--use-checkpoint-opt-param-scheduler" in job.stderr and "--override-opt-param-scheduler" in job.stderr
+    assert "[rank0]: Traceback" not in job.stderr

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.utils import unwrap_model
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.training.arguments import ConfigError
@@ -89,14 +90,10 @@ def _model_keys(model: list) -> list[str]:
     return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
 
 
-def _unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
-    return chunk.module if hasattr(chunk, "module") else chunk
-
-
 def _sharded_state(model: list, optimizer: Any, scheduler: Any, *, optim: bool, rng: bool, loading: bool) -> dict:
     state: dict[str, Any] = {}
     for key, chunk in zip(_model_keys(model), model, strict=True):
-        state[key] = _unwrap(chunk).sharded_state_dict()
+        state[key] = unwrap_model(chunk).sharded_state_dict()
     if optim:
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=loading, metadata=DIST_OPT_FORMAT)
         state["opt_param_scheduler"] = scheduler.state_dict()
@@ -195,10 +192,16 @@ def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.
     state = _sharded_state(model, optimizer, scheduler, optim=load_optim, rng=load_rng, loading=True)
     state = dist_checkpointing.load(state, directory, strict=args.dist_ckpt_strictness)
     for key, chunk in zip(_model_keys(model), model, strict=True):
-        _unwrap(chunk).load_state_dict(state[key])
+        unwrap_model(chunk).load_state_dict(state[key])
     if load_optim:
         optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["opt_param_scheduler"])
+        try:
+            scheduler.load_state_dict(state["opt_param_scheduler"])
+        except AssertionError as error:  # megatron-core asserts on a changed schedule; say which flags
+            raise ConfigError(f"checkpoint {directory}: the learning-rate schedule differs ({error}); pass the "
+                              "schedule flags it was saved with (--train-iters, --lr, --min-lr, --lr-decay-*, "
+                              "--lr-warmup-*), or --use-checkpoint-opt-param-scheduler to keep its schedule, "
+                              "or --override-opt-param-scheduler to take yours") from None
     if load_rng:
         _set_rng_state(state["rng_state"][0] if isinstance(state["rng_state"], list) else state["rng_state"])
     if args.finetune:
