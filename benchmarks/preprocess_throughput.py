@@ -1,9 +1,12 @@
 """Preprocessing throughput and peak memory, 1 vs 2 workers, two corpus sizes, in one run.
 
-    python benchmarks/preprocess_throughput.py [--repeat 20] [--megatron-lm /path/to/Megatron-LM]
+    python benchmarks/preprocess_throughput.py [--repeat 20] [--unique] [--megatron-lm /path/to/Megatron-LM]
 
 The bundled corpus (data/demo_corpus.jsonl) is repeated --repeat times (small size) and
-4x that (large size) into temp files so the runs are long enough to time. Each run is a
+4x that (large size) into temp files so the runs are long enough to time. A repeated corpus
+flatters the word cache (megatron_npu/data/word_cache.py: after the first copy every word is
+a hit), so --unique adds a corpus with no repetition: every .py file of this Python's
+standard library as one document (~30 MB; built at run time, not shipped). Each run is a
 fresh process (so peak RSS belongs to that run alone): the in-process figures exclude the
 megatron-core import; "wall" includes it, which is how Megatron-LM's own script is timed
 (with --megatron-lm; it is not installed, so otherwise it is reported as not measured).
@@ -37,13 +40,16 @@ def _child(argv: list[str]) -> int:
 
     import megatron.core.datasets.indexed_dataset  # noqa: F401  (import cost kept out of the timing)
 
+    from megatron_npu.data import preprocess
     from megatron_npu.data.preprocess import parse_args, run
 
     base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     r = run(parse_args(argv))
+    cache = getattr(preprocess._TOK, "_encode_batch", None)  # in-process (workers=1) only
+    hits = cache.hits / max(1, cache.hits + cache.misses) if cache is not None and cache.exact else None
     print("RESULT " + json.dumps(dict(docs=r["docs"], tokens=r["tokens"], seconds=r["seconds"],
                                       problems=sum(len(v) for v in r["problems"].values()),
-                                      base_rss_mb=base_kb / 1024)), flush=True)
+                                      base_rss_mb=base_kb / 1024, hit_rate=hits)), flush=True)
     return 0
 
 
@@ -92,6 +98,50 @@ def _corpus(src: Path, repeat: int, path: Path) -> None:
             f.write(data)
 
 
+def _unique_corpus(path: Path) -> None:
+    """One document per standard-library .py file: ~30 MB in which no document repeats."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    with open(path, "w", encoding="utf-8") as f:
+        for src in sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts):
+            text = src.read_text(encoding="utf-8", errors="replace").strip()
+            if text:
+                f.write(json.dumps({"text": text}) + "\n")
+
+
+def _spin(n: int) -> float:
+    t = time.perf_counter()
+    x = 0
+    for i in range(n):
+        x += i * i
+    return time.perf_counter() - t
+
+
+def _parallel_ceiling() -> float:
+    """What 2 processes can gain over 1 on this host: pure-Python work, 1 alone vs 2 at once.
+
+    Virtual CPUs are often shares of fewer physical ones; no preprocessor scales past this.
+    """
+    import multiprocessing as mp
+
+    n = 5_000_000
+    alone = min(_spin(n) for _ in range(2))
+    with mp.get_context("fork").Pool(2) as pool:
+        t0 = time.perf_counter()
+        pool.map(_spin, [n, n])
+        both = time.perf_counter() - t0
+    return 2 * alone / both
+
+
+def _mlm_in_run_seconds(out: str) -> float | None:
+    """Megatron-LM's own figure: its last 'Processed N documents (D docs/s' line, as N / D."""
+    import re
+
+    found = re.findall(r"Processed (\d+) documents \(([\d.e+]+) docs/s", out)
+    return int(found[-1][0]) / float(found[-1][1]) if found else None
+
+
 def _fmt_mb(x: float | None) -> str:
     return "n/a" if x is None else f"{x:8.1f}"
 
@@ -105,6 +155,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=20, help="copies of the demo corpus in the small size")
     ap.add_argument("--large-factor", type=int, default=4, help="large size = repeat * this")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--unique", action="store_true", help="add a corpus with no repeated documents")
     ap.add_argument("--megatron-lm", metavar="PATH", help="a Megatron-LM checkout to time tools/preprocess_data.py")
     ap.add_argument("--keep", metavar="DIR", help="write corpora and outputs here instead of a temp dir")
     a = ap.parse_args()
@@ -122,13 +173,22 @@ def main() -> int:
     work = Path(a.keep or tmp_ctx.name)  # type: ignore[union-attr]
     work.mkdir(parents=True, exist_ok=True)
     sizes = {"small": a.repeat, "large": a.repeat * a.large_factor}
-    print(f"corpus: {DEMO_CORPUS} x{sizes['small']} and x{sizes['large']}; tokenizer {TOKENIZER} "
+    if a.unique:
+        sizes["unique"] = 1
+    ceiling = _parallel_ceiling()
+    print(f"corpus: {DEMO_CORPUS} x{sizes['small']} and x{sizes['large']}"
+          f"{'; unique: the stdlib .py files' if a.unique else ''}; tokenizer {TOKENIZER} "
           f"(data/demo_spm.model); cpus visible: {os.cpu_count()}; "
           f"affinity: {len(os.sched_getaffinity(0))}; load average {os.getloadavg()[0]:.1f}")
+    print(f"this host's 2-vs-1 process ceiling (pure-Python work): {ceiling:.2f}x")
     rows: list[dict[str, Any]] = []
     for size, rep in sizes.items():
         inp = work / f"corpus_{size}.jsonl"
-        _corpus(Path(DEMO_CORPUS), rep, inp)
+        if size == "unique":
+            _unique_corpus(inp)
+        else:
+            _corpus(Path(DEMO_CORPUS), rep, inp)
+        lines = sum(1 for _ in open(inp, "rb"))
         mb = inp.stat().st_size / 1e6
         for w in a.workers:
             prefix = work / f"ours_{size}_w{w}"
@@ -146,7 +206,7 @@ def main() -> int:
                 mp = work / f"mlm_{size}_w{w}"
                 cmd = [sys.executable, str(mlm_script), "--input", str(inp), "--output-prefix", str(mp),
                        "--append-eod", "--tokenizer-type", TOKENIZER, "--tokenizer-model",
-                       DEMO_TOKENIZER_MODEL, "--workers", str(w), "--log-interval", str(10**9)]
+                       DEMO_TOKENIZER_MODEL, "--workers", str(w), "--log-interval", str(lines)]
                 menv = dict(env, PYTHONPATH=os.pathsep.join([str(Path(a.megatron_lm)), env["PYTHONPATH"]]))
                 mm = _measure(cmd, menv)
                 if mm["rc"] != 0:
@@ -155,27 +215,28 @@ def main() -> int:
                 same = all((Path(f"{mp}_text_document{e}").read_bytes()
                             == Path(f"{prefix}_text_document{e}").read_bytes()) for e in (".bin", ".idx"))
                 rows.append(dict(tool="megatron-lm", size=size, rep=rep, w=w, mb=mb, docs=r["docs"],
-                                 tokens=r["tokens"], seconds=None, problems=0, base_rss_mb=None,
-                                 identical=same, **mm))
+                                 tokens=r["tokens"], seconds=_mlm_in_run_seconds(mm["out"]), problems=0,
+                                 base_rss_mb=None, hit_rate=None, identical=same, **mm))
 
     print()
     print(f"{'tool':<12}{'size':<7}{'copies':>7}{'workers':>8}{'docs':>9}{'tokens':>11}{'MB':>8}"
           f"{'s(run)':>8}{'tok/s':>12}{'docs/s':>10}{'MB/s':>8}{'s(wall)':>9}{'tok/s wall':>12}"
-          f"{'peakRSS proc MB':>16}{'tree PSS MB':>12}{'CPU s':>7}")
+          f"{'peakRSS proc MB':>16}{'tree PSS MB':>12}{'CPU s':>7}{'word hits':>10}")
     for r in rows:
         s = r["seconds"]
         run_cols = (f"{s:8.2f}{r['tokens']/s:12.0f}{r['docs']/s:10.0f}{r['mb']/s:8.2f}" if s
                     else f"{'-':>8}{'-':>12}{'-':>10}{'-':>8}")
         print(f"{r['tool']:<12}{r['size']:<7}{r['rep']:>7}{r['w']:>8}{r['docs']:>9}{r['tokens']:>11}"
               f"{r['mb']:8.1f}{run_cols}{r['wall']:9.2f}{r['tokens']/r['wall']:12.0f}"
-              f"{r['max_proc_mb']:16.1f}{_fmt_mb(r['tree_mb']):>12}{r['cpu']:7.1f}")
+              f"{r['max_proc_mb']:16.1f}{_fmt_mb(r['tree_mb']):>12}{r['cpu']:7.1f}"
+              f"{'-' if r['hit_rate'] is None else format(r['hit_rate'], '.1%'):>10}")
     print()
     ours = {(r["size"], r["w"]): r for r in rows if r["tool"] == "ours"}
     if 1 in a.workers and 2 in a.workers:
         for size in sizes:
             one, two = ours[(size, 1)], ours[(size, 2)]
             print(f"{size}: 2-vs-1 workers tokens/s ratio {one['seconds']/two['seconds']:.2f} (in-run), "
-                  f"{one['wall']/two['wall']:.2f} (wall incl. import)")
+                  f"{one['wall']/two['wall']:.2f} (wall incl. import); host ceiling {ceiling:.2f}")
     same12 = all(
         (Path(f"{ours[(s, a.workers[0])]['prefix']}_text_document{e}").read_bytes()
          == Path(f"{ours[(s, w)]['prefix']}_text_document{e}").read_bytes())
@@ -195,8 +256,10 @@ def main() -> int:
             for w in a.workers:
                 m = next(r for r in rows if r["tool"] == "megatron-lm" and r["size"] == size and r["w"] == w)
                 o = ours[(size, w)]
-                print(f"vs Megatron-LM, {size}, workers={w}: wall tokens/s ours/theirs "
-                      f"{m['wall']/o['wall']:.2f}; outputs identical: {m['identical']}")
+                in_run = (f"{m['seconds']/o['seconds']:.2f} in-run (each tool's own clock), "
+                          if m["seconds"] else "")
+                print(f"vs Megatron-LM, {size}, workers={w}: tokens/s ours/theirs {in_run}"
+                      f"{m['wall']/o['wall']:.2f} wall; outputs identical: {m['identical']}")
     load, ncpu = os.getloadavg()[0], len(os.sched_getaffinity(0))
     print(f"load average at the end {load:.1f} on {ncpu} CPUs"
           + (": the host is shared and busy, so the tokens/s and 2-vs-1 ratios are understated;"

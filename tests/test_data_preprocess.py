@@ -39,6 +39,33 @@ def test_round_trip_and_workers(tmp_path):
         assert a == (tmp_path / f"w2_text_document{ext}").read_bytes()
 
 
+def test_two_json_keys_as_megatron_lm(tmp_path):
+    """One dataset per key; an empty key of a kept document is a document with no sequence
+    and no EOD (Megatron-LM's encode), and workers 1 and 2 agree."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    rows = [{"text": "Body one.", "title": "First"}, {"text": "Body two.", "title": ""},
+            {"text": "", "title": "Only a title"}] * 100
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = build_tokenizer("GPTSentencePieceTokenizer", tokenizer_model=DEMO_TOKENIZER_MODEL)
+    for w in (1, 2):
+        r = run(parse_args(_args(inp, tmp_path / f"w{w}", "--json-keys", "text", "title",
+                                 "--append-eod", "--workers", str(w))))
+        assert r["docs"] == 300 and not r["problems"]
+    for key in ("text", "title"):
+        ds = IndexedDataset(str(tmp_path / f"w1_{key}_document"))
+        docs = ds.document_indices
+        assert len(docs) == 301
+        for d, row in enumerate(rows[:3]):
+            seqs = [ds[i].tolist() for i in range(docs[d], docs[d + 1])]
+            want = [tok.tokenize(row[key]) + [tok.eod]] if row[key] else []
+            assert seqs == want
+        for ext in (".bin", ".idx"):
+            assert ((tmp_path / f"w1_{key}_document{ext}").read_bytes()
+                    == (tmp_path / f"w2_{key}_document{ext}").read_bytes())
+
+
 def test_bad_input(tmp_path, capsys):
     inp = tmp_path / "bad.jsonl"
     inp.write_bytes(b'{"text": "good"}\n{bad json\n{"other": 1}\n{"text": "\xff\xfe"}\n{"text": ""}\n')

@@ -71,6 +71,7 @@ def test_gpt_sentencepiece():
         assert ids and ids[0] != tok.bos and ids[-1] != tok.eod  # no BOS/EOS added
         assert tok.detokenize(ids) == t
     assert tok.tokenize_batch(TEXTS) == [tok.tokenize(t) for t in TEXTS]
+    assert [a.tolist() for a in tok.tokenize_batch_arrays(TEXTS)] == [tok.tokenize(t) for t in TEXTS]
     assert tok.padded_vocab_size() == 6016 and tok.padded_vocab_size(128, 4) == 6144
 
 
@@ -82,6 +83,7 @@ def test_llama2():
     assert tok.tokenize(t) == [2, *gpt.tokenize(t)]  # bos=True, eos=False by default
     assert tok.tokenize(t, bos=False, eos=True) == [*gpt.tokenize(t), 3]
     assert tok.tokenize_batch(TEXTS) == [tok.tokenize(x) for x in TEXTS]
+    assert [a.tolist() for a in tok.tokenize_batch_arrays(TEXTS)] == [tok.tokenize(x) for x in TEXTS]
     for x in TEXTS:
         assert tok.detokenize(tok.tokenize(x)) == x  # BOS is a control piece: decodes to ""
 
@@ -101,6 +103,7 @@ def test_sentencepiece_specials():
     assert tok.detokenize(ids) == "Hello world <EOD> more </s> x <CLS> "
     mixed = ["Hello world", "a<EOD>b", "", "<MASK>"]
     assert tok.tokenize_batch(mixed) == [tok.tokenize(x) for x in mixed]
+    assert [a.tolist() for a in tok.tokenize_batch_arrays(mixed)] == [tok.tokenize(x) for x in mixed]
     for t in TEXTS:
         assert tok.detokenize(tok.tokenize(t)) == t
     extra = type(tok)(DEMO_TOKENIZER_MODEL, vocab_extra_ids=3)

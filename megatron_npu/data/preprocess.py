@@ -61,8 +61,9 @@ def _bounded_imap(pool: Any, fn: Callable, items: Iterator, window: int) -> Iter
         yield pending.popleft().get()
 
 
-def _encode(batch: list[tuple[int, bytes]]) -> list[tuple[int, Any, int]]:
-    """Per line: (lineno, {key: ids} or problem string, nbytes)."""
+def _encode(batch: list[tuple[int, bytes]]) -> tuple[list[tuple[int, Any, int]], dict[str, Any]]:
+    """Per line (lineno, {key: n_tokens} or problem string, nbytes), and per key one array of
+    the batch's tokens in the dataset dtype: one object to pickle back, not one per document."""
     import numpy as np
 
     a, tok = _ARGS, _TOK
@@ -83,29 +84,34 @@ def _encode(batch: list[tuple[int, bytes]]) -> list[tuple[int, Any, int]]:
             parsed.append((lineno, "missing key", len(raw)))
             continue
         parsed.append((lineno, {k: str(obj[k]) for k in a.json_keys}, len(raw)))
-    out: list[tuple[int, Any, int]] = []
     good = [p for p in parsed if isinstance(p[1], dict)]
-    per_key = {}
-    for k in a.json_keys:
-        # As in Megatron-LM, --keep-newlines only matters with sentence splitting.
-        texts = [p[1][k] for p in good]
-        per_key[k] = tok.tokenize_batch(texts) if texts else []
+    # As in Megatron-LM, --keep-newlines only matters with sentence splitting.
+    per_key = {k: tok.tokenize_batch_arrays([p[1][k] for p in good]) if good else [] for k in a.json_keys}
+    eod = np.array([tok.eod], dtype=dtype)
+    out: list[tuple[int, Any, int]] = []
+    pieces: dict[str, list[Any]] = {k: [] for k in a.json_keys}
     gi = 0
     for lineno, val, n in parsed:
-        if isinstance(val, dict):
-            ids = {k: list(per_key[k][gi]) for k in a.json_keys}
-            gi += 1
-            if all(len(v) == 0 for v in ids.values()):
-                out.append((lineno, "empty document", n))
-                continue
-            if a.append_eod:
-                for v in ids.values():
-                    v.append(tok.eod)
-            # arrays in the token dtype: 2-4 bytes a token to pickle back, not ~36 for a list
-            out.append((lineno, {k: np.asarray(v, dtype=dtype) for k, v in ids.items()}, n))
-        else:
+        if not isinstance(val, dict):
             out.append((lineno, val, n))
-    return out
+            continue
+        ids = {k: per_key[k][gi] for k in a.json_keys}
+        gi += 1
+        if all(len(v) == 0 for v in ids.values()):
+            out.append((lineno, "empty document", n))
+            continue
+        lengths = {}
+        for k, v in ids.items():
+            # Megatron-LM: an empty key of a non-empty document gets no EOD and no sequence
+            with_eod = a.append_eod and len(v) > 0
+            pieces[k].append(v)
+            if with_eod:
+                pieces[k].append(eod)
+            lengths[k] = len(v) + int(with_eod)
+        out.append((lineno, lengths, n))
+    blobs = {k: np.concatenate(v).astype(dtype, copy=False) if v else np.empty(0, dtype)
+             for k, v in pieces.items()}
+    return out, blobs
 
 
 def _batches(path: str) -> Iterator[list[tuple[int, bytes]]]:
@@ -181,16 +187,19 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         results = _bounded_imap(pool, _encode, _batches(a.input), WINDOW_PER_WORKER * a.workers)
     next_log = a.log_interval
     try:
-        for res in results:
-            for lineno, val, n in res:
+        for entries, blobs in results:
+            offset = dict.fromkeys(blobs, 0)
+            for lineno, val, n in entries:
                 nbytes += n
                 if isinstance(val, str):
                     problems.setdefault(val, []).append(lineno)
                     continue
                 docs += 1
-                for k, ids in val.items():
-                    builders[k].add_document(ids, [len(ids)])
-                    toks += len(ids)
+                for k, length in val.items():
+                    start = offset[k]
+                    offset[k] = start + length
+                    builders[k].add_document(blobs[k][start:start + length], [length] if length else [])
+                    toks += length
             if docs >= next_log:
                 next_log += a.log_interval
                 dt = max(time.time() - t0, 1e-9)

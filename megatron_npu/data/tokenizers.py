@@ -14,6 +14,8 @@ import os
 from collections import OrderedDict
 from typing import Any
 
+from megatron_npu.data.word_cache import WordCachedEncoder
+
 
 class TokenizerError(ValueError):
     """A missing or wrong tokenizer file/flag; the message names the flag to fix."""
@@ -48,6 +50,12 @@ class _Base:
 
     def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.tokenize(t) for t in texts]
+
+    def tokenize_batch_arrays(self, texts: list[str]) -> list[Any]:
+        """tokenize_batch as integer numpy arrays (preprocessing's form)."""
+        import numpy as np
+
+        return [np.asarray(ids, dtype=np.int64) for ids in self.tokenize_batch(texts)]
 
     def detokenize(self, ids: Any) -> str:
         raise NotImplementedError
@@ -96,6 +104,17 @@ class SentencePieceTokenizer(_Base):
         self.sp = sentencepiece.SentencePieceProcessor(model_file=model_file)
         self.unique_identifiers["model"] = os.path.abspath(model_file)
         self._init_specials(vocab_extra_ids)
+        self._word_cache: WordCachedEncoder | None = None
+
+    @property
+    def _encode_batch(self) -> WordCachedEncoder:
+        """Batches go through the word cache, built on first use (its probes read the whole
+        vocabulary; training never batches). It encodes with num_threads=1: parallelism comes
+        from --workers processes (sentencepiece would otherwise use every core per worker,
+        oversubscribing the host and making --workers meaningless)."""
+        if self._word_cache is None:
+            self._word_cache = WordCachedEncoder(self.sp)
+        return self._word_cache
 
     def _init_specials(self, vocab_extra_ids: int) -> None:
         sp = self.sp
@@ -150,13 +169,11 @@ class SentencePieceTokenizer(_Base):
         return ids
 
     def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        # One C++ call for the texts with no special-token literal. num_threads=1: parallelism
-        # comes from --workers processes (sentencepiece would otherwise use every core per
-        # worker, oversubscribing the host and making --workers meaningless).
+        # The texts with no special-token literal go through the word cache together.
         plain = [i for i, t in enumerate(texts) if not any(s in t for s in self._special)]
         out: list[list[int]] = [[] for _ in texts]
         if plain:
-            encoded = self.sp.encode([texts[i] for i in plain], num_threads=1)
+            encoded = self._encode_batch([texts[i] for i in plain])
             for i, ids in zip(plain, encoded, strict=True):
                 out[i] = ids
         if len(plain) < len(texts):
@@ -196,7 +213,10 @@ class GPTSentencePieceTokenizer(SentencePieceTokenizer):
         return self.sp.encode(text)
 
     def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        return self.sp.encode(texts, num_threads=1)  # see SentencePieceTokenizer.tokenize_batch
+        return self._encode_batch(texts)
+
+    def tokenize_batch_arrays(self, texts: list[str]) -> list[Any]:
+        return self._encode_batch.arrays(texts)
 
     def detokenize(self, ids: Any) -> str:
         return self.sp.decode([int(i) for i in ids])
@@ -210,7 +230,14 @@ class Llama2Tokenizer(GPTSentencePieceTokenizer):
         return ([self.bos] if bos else []) + ids + ([self.eod] if eos else [])
 
     def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        return [[self.bos, *ids] for ids in self.sp.encode(texts, num_threads=1)]
+        return [[self.bos, *ids] for ids in self._encode_batch(texts)]
+
+    def tokenize_batch_arrays(self, texts: list[str]) -> list[Any]:
+        import numpy as np
+
+        arrays = self._encode_batch.arrays(texts)
+        bos = np.array([self.bos], dtype=self._encode_batch.dtype)
+        return [np.concatenate((bos, a)) for a in arrays]
 
 
 class HuggingFaceTokenizer(_Base):
