@@ -68,13 +68,17 @@ def torchrun(
     cwd: str | Path | None = None,
 ) -> Job:
     """Run ``script`` under torchrun on one host with ``nproc`` ranks."""
-    command = [
+    return run(torchrun_command(script, *args, nproc=nproc, torchrun_args=torchrun_args),
+               timeout=timeout, env=env, cwd=cwd)  # fmt: skip
+
+
+def torchrun_command(script: str | Path, *args: str, nproc: int, torchrun_args: tuple[str, ...] = ()) -> list[str]:
+    return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nproc_per_node={nproc}", "--nnodes=1",
         "--master_addr=127.0.0.1", f"--master_port={free_port()}",
         *torchrun_args, str(script), *args,
     ]  # fmt: skip
-    return run(command, timeout=timeout, env=env, cwd=cwd)
 
 
 def torchrun_nodes(

@@ -10,6 +10,7 @@ microbatch, in microbatch order.
 from __future__ import annotations
 
 import argparse
+import signal
 import time
 from collections.abc import Iterator
 
@@ -162,6 +163,14 @@ class _DelayedIterator:
         return next(self.inner)
 
 
+def _ignore_sigterm(worker_id: int) -> None:
+    """--exit-signal-handler: torchrun signals each rank's whole process group, loader
+    workers included, and a worker killed by SIGTERM fails its rank before the rank can
+    save. The rank stops its workers itself when it exits."""
+    del worker_id
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def build_loader(dataset, consumed_samples: int, args: argparse.Namespace, cyclic: bool = False) -> Iterator | None:
     if dataset is None or len(dataset) == 0:
         return None
@@ -182,6 +191,7 @@ def build_loader(dataset, consumed_samples: int, args: argparse.Namespace, cycli
         # Its own generator: creating an iterator must not draw from the global RNG,
         # which (on cpu) is also the dropout RNG a resumed run restores.
         generator=torch.Generator().manual_seed(args.seed),
+        worker_init_fn=_ignore_sigterm if args.exit_signal_handler else None,
     )
     iterator: Iterator = iter(loader)
     if args.data_loader_delay_ms:

@@ -12,6 +12,7 @@ import argparse
 import inspect
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -196,6 +197,7 @@ class Trainer:
         self.forward_backward = get_forward_backward_func()
         self.skipped_iterations = 0
         self.nan_iterations = 0
+        self.exit_reason: str | None = None  # set when an exit condition ends train()
 
     def _iterator(self, iterators: list) -> Any:
         return iterators if len(self.model) > 1 else iterators[0]
@@ -288,6 +290,7 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
     train_iters = total_iterations(args)
     first_iteration = iteration
     saved = False
+    exit_signal = ExitSignal(args.exit_signal_handler).install()
     while iteration < train_iters:
         iteration += 1
         if args.step_batch_size_schedule:
@@ -351,11 +354,13 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
         if saved:
             trainer.save(iteration)
         timer_log.discard()
-        if _should_exit(args, iteration, start_time):
-            print_rank_0(f"exiting program at iteration {iteration}")
+        trainer.exit_reason = _exit_reason(args, iteration, start_time, exit_signal)
+        if trainer.exit_reason:
+            print_rank_0(f"exiting program {trainer.exit_reason}")
             break
     if args.save and iteration > first_iteration and not saved:
         trainer.save(iteration)  # the last iteration is always on disk (Megatron-LM does the same)
+    exit_signal.restore()
     timer_log.close()
     metrics.close()
     return iteration
@@ -385,13 +390,44 @@ class StepProfiler:
             print_rank_0(f"  profiler trace of iterations {self.start}..{self.end - 1} written to {self.path}")
 
 
-def _should_exit(args: argparse.Namespace, iteration: int, start_time: float) -> bool:
+class ExitSignal:
+    """``--exit-signal-handler``, as Megatron-LM's DistributedSignalHandler: SIGTERM (a
+    scheduler preempting the job, or torchrun forwarding its own) only sets a flag; after
+    each iteration the flags are summed over the world, so every rank saves the same
+    iteration and stops. torchrun sends SIGKILL 30 s after it forwards SIGTERM: the
+    iteration in flight and the save must fit in that."""
+
+    def __init__(self, enabled: bool, signum: int = signal.SIGTERM) -> None:
+        self.enabled, self.signum, self.received = enabled, signum, False
+        self._previous: Any = None
+
+    def install(self) -> ExitSignal:
+        if self.enabled:
+            self._previous = signal.signal(self.signum, self._handle)
+        return self
+
+    def restore(self) -> None:
+        if self.enabled:
+            signal.signal(self.signum, self._previous)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = True
+
+    def any_rank_received(self) -> bool:
+        return self.enabled and _sum_over_world(float(self.received)) > 0
+
+
+def _exit_reason(args: argparse.Namespace, iteration: int, start_time: float, exit_signal: ExitSignal) -> str | None:
+    """Megatron-LM's exit conditions, decided alike on every rank (None: go on)."""
+    if exit_signal.any_rank_received():
+        return f"after receiving {signal.Signals(exit_signal.signum).name} at iteration {iteration}"
     if args.exit_interval and iteration % args.exit_interval == 0:
-        return True
+        return f"at iteration {iteration} (--exit-interval {args.exit_interval})"
     if args.exit_duration_in_mins:
         over = (time.time() - start_time) / 60.0 > args.exit_duration_in_mins
-        return _sum_over_world(float(over)) > 0  # every rank stops at the same iteration
-    return False
+        if _sum_over_world(float(over)) > 0:  # every rank stops at the same iteration
+            return f"after {args.exit_duration_in_mins} minutes at iteration {iteration} (--exit-duration-in-mins)"
+    return None
 
 
 def run_evaluation(
@@ -458,6 +494,10 @@ def pretrain(
     if not args.skip_train:
         iteration = train(trainer, iteration, train_iterators, valid_iterators if has_validation else None)
     final_metrics = MetricsWriter(args, _is_last_rank())
+    if trainer.exit_reason:  # as Megatron-LM: an exit condition ends the job once the checkpoint is saved
+        dist.barrier()
+        dist.destroy_process_group()
+        return 0
     if has_validation and not args.skip_train:
         run_evaluation(trainer, valid_iterators, f"at iteration {iteration} on validation set", iteration, final_metrics)
     if has_test:  # Megatron-LM evaluates the test split once, at the end

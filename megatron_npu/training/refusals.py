@@ -132,7 +132,6 @@ IGNORED: dict[str, str] = {
     "--no-create-attention-mask-in-dataloader": "the causal mask is built by the attention kernel",
     "--empty-unused-memory-level": "the device allocator cache is not emptied per iteration",
     "--log-energy": "energy counters are CUDA-only",
-    "--exit-signal-handler": "no SIGTERM handler is installed; use --exit-duration-in-mins or --exit-interval",
     "--log-params-norm": "the parameter norm is not computed; the grad norm is logged",
     "--log-timers-to-tensorboard": "timers go to LOG_DIR/timers/*.jsonl (--timing-log-level 1), not TensorBoard",
     "--log-memory-to-tensorboard": "memory is not logged to TensorBoard",
