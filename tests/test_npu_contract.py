@@ -116,3 +116,41 @@ def test_every_fused_op_we_name_exists_with_the_documented_arguments(wheel):
 def test_the_hccl_backend_is_registered_by_the_wheel(wheel):
     sources = [name for name in wheel.namelist() if name.startswith("torch_npu/") and name.endswith(".py")]
     assert any(b'"hccl"' in wheel.read(name) or b"'hccl'" in wheel.read(name) for name in sources if "distributed" in name)
+
+
+def torch_npu_profiler_names_used() -> set[str]:
+    """Every ``self._torch_npu.profiler.X`` in the npu accelerator."""
+    tree = ast.parse((ROOT / "megatron_npu" / "accelerator" / "npu.py").read_text())
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "profiler"
+        and isinstance(node.value.value, ast.Attribute)
+        and node.value.value.attr == "_torch_npu"
+    }
+
+
+def class_methods(wheel: zipfile.ZipFile, path: str) -> dict[str, set[str]]:
+    tree = ast.parse(wheel.read(path).decode())
+    return {node.name: {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+            for node in tree.body if isinstance(node, ast.ClassDef)}  # fmt: skip
+
+
+def test_the_profiler_we_start_on_npu_exists_with_chrome_export(wheel):
+    used = torch_npu_profiler_names_used()
+    assert used == {"profile", "ProfilerActivity"}
+    assert used <= module_names(wheel, "torch_npu/profiler/__init__.py")
+    methods = class_methods(wheel, "torch_npu/profiler/profiler.py")
+    # StepProfiler: with-block (__enter__/__exit__), then export_chrome_trace(path)
+    assert {"__enter__", "__exit__"} <= methods["profile"]
+    assert "export_chrome_trace" in methods["_KinetoProfile"]
+    tree = ast.parse(wheel.read("torch_npu/profiler/profiler.py").decode())
+    profile = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "profile")
+    assert [b.id for b in profile.bases if isinstance(b, ast.Name)] == ["_KinetoProfile"]
+    init = next(f for f in profile.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    assert "activities" in [a.arg for a in init.args.kwonlyargs]
+    # ProfilerActivity is compiled (torch_npu._C._profiler); torch_npu's own Python uses both members
+    interface = wheel.read("torch_npu/profiler/profiler_interface.py").decode()
+    assert "ProfilerActivity.CPU" in interface and "ProfilerActivity.NPU" in interface

@@ -167,6 +167,10 @@ class Accelerator(abc.ABC):
         """torch.profiler activities that see this device's work (host only by default)."""
         return [torch.profiler.ProfilerActivity.CPU]
 
+    def profiler(self) -> Any:
+        """A profiler over this device's work: a context manager with export_chrome_trace(path)."""
+        return torch.profiler.profile(activities=self.profiler_activities())
+
     def fused_kernel(self, key: str) -> Callable | None:
         """The device kernel for fusion ``key`` of fused_ops(), or None (use the torch math)."""
         return None

@@ -131,6 +131,14 @@ class NpuAccelerator(Accelerator):
         op = _FUSED_KERNELS.get(key)
         return getattr(self._torch_npu, op, None) if op else None
 
+    def profiler_activities(self) -> list:
+        activity = self._torch_npu.profiler.ProfilerActivity
+        return [activity.CPU, activity.NPU]
+
+    def profiler(self) -> Any:
+        # torch_npu's own profiler: torch.profiler does not see NPU kernels or HCCL tasks.
+        return self._torch_npu.profiler.profile(activities=self.profiler_activities())
+
     def peak_tflops(self, dtype: torch.dtype = torch.bfloat16) -> float | None:
         if dtype not in (torch.bfloat16, torch.float16):
             return None

@@ -367,8 +367,9 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
 
 
 class StepProfiler:
-    """``--profile``: torch.profiler over iterations [profile_step_start, profile_step_end) on
-    ``--profile-ranks``; a Chrome trace per rank in LOG_DIR/profile/ (chrome://tracing, Perfetto)."""
+    """``--profile``: the accelerator's profiler (torch.profiler; torch_npu's on npu) over
+    iterations [profile_step_start, profile_step_end) on ``--profile-ranks``; a Chrome trace
+    per rank in LOG_DIR/profile/ (chrome://tracing, Perfetto)."""
 
     def __init__(self, args: argparse.Namespace):
         self.enabled = bool(args.profile) and dist.get_rank() in args.profile_ranks and args.log_dir is not None
@@ -378,7 +379,7 @@ class StepProfiler:
 
     def before(self, iteration: int) -> None:
         if self.enabled and iteration == self.start:
-            self._profiler = torch.profiler.profile(activities=get_accelerator().profiler_activities())
+            self._profiler = get_accelerator().profiler()
             self._profiler.__enter__()
 
     def after(self, iteration: int) -> None:
