@@ -68,11 +68,17 @@ def get_batch(data_iterator):
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    """Mean token loss over the unmasked tokens of the micro-batch."""
-    losses = output_tensor.float()
+    """Megatron-LM's form: the summed loss of the unmasked tokens and their count.
+
+    megatron-core divides by the micro-batch's count, or with --calculate-per-token-loss by
+    the whole global batch's; the report [sum, count] is averaged over the tokens of the
+    global batch."""
+    losses = output_tensor.float().view(-1)
     loss_mask = loss_mask.view(-1).float()
-    loss = torch.sum(losses.view(-1) * loss_mask) / loss_mask.sum()
-    return loss, {"lm loss": loss.detach().clone()}
+    loss = torch.sum(losses * loss_mask)
+    num_tokens = loss_mask.sum().clone().detach().to(torch.int)
+    report = torch.cat([loss.clone().detach().view(1), num_tokens.float().view(1)])
+    return loss, num_tokens, {"lm loss": report}
 
 
 def forward_step(data_iterator, model: GPTModel):

@@ -148,7 +148,7 @@ def test_plan_small_model_hand_computed():
     assert r0["dp_cp"]["calls"] == 1 and r0["dp_cp"]["bytes"] == (EMB + 128 * 64 + 2 * LAYER) * 4
     assert r0["dp_cp"]["wire_intra"] == r0["dp_cp"]["bytes"]  # DP pairs (0, 2) share node 0
     assert r4["dp_cp"]["bytes"] == (2 * LAYER + 128 + EMB) * 4
-    assert r4["dp"] == {"calls": 1, "bytes": 4, "wire_intra": 4.0, "wire_inter": 0.0}  # trainer's loss report
+    assert r4["dp"] == {"calls": 1, "bytes": 8, "wire_intra": 8.0, "wire_inter": 0.0}  # loss report [sum, count]
     assert r0["embd"] == {"calls": 1, "bytes": EMB * 4, "wire_intra": 0.0, "wire_inter": EMB * 4}
     assert r0["mp"]["bytes"] == 4 and "dist_opt" not in r0
     assert "embd" not in p.ranks[0].by_label() or p.ranks[1].by_label()["embd"]["bytes"] == EMB * 4
@@ -156,6 +156,13 @@ def test_plan_small_model_hand_computed():
     intra = 36 * ACT + r0["dp_cp"]["bytes"]
     inter = 4 * ACT + EMB * 4 + 2 * 3 / 4 * 4
     assert seconds == pytest.approx(intra / (planner.HCCS_GBPS * 1e9) + inter / (planner.ROCE_GBPS * 1e9))
+
+
+def test_plan_per_token_loss_shares_the_token_count():
+    items = {(it.label, it.op, it.what) for it in small_plan(per_token_loss=True).ranks[0].items}
+    assert {("pp", "broadcast", "token count (per-token loss)"),
+            ("dp_cp", "all_reduce", "token count (per-token loss)")} <= items  # fmt: skip
+    assert not any("token count" in it.what for it in small_plan().ranks[0].items)
 
 
 def test_plan_sequence_parallel_and_distributed_optimizer():

@@ -26,10 +26,11 @@ vocab-parallel cross-entropy's 3 fp32 all-reduces of [s, b] (called even when TP
 SP norm/bias gradient all-reduce; 1F1B p2p (one activation and one gradient per microbatch
 per boundary); DDP's per-bucket all-reduce or reduce-scatter of the grad buffer (padded as
 the distributed optimizer pads it) and its param all-gather; the tied-embedding gradient
-all-reduce; the 1-float grad-norm all-reduce; the trainer's 1-float loss all-reduce over dp
-on the last stage (megatron_npu.training; one reported key assumed). Full recomputation of
+all-reduce; the 1-float grad-norm all-reduce; the trainer's loss all-reduce over dp on the
+last stage (pretrain_gpt.py's 'lm loss' report, [sum, count]: 2 floats); with per-token loss,
+the token count's broadcast over pp and all-reduce over dp (1 int32 each). Full recomputation of
 every layer is an option (unverified). Not modelled: partial recomputation, cross-entropy
-loss fusion, per-token loss (num-tokens broadcast), MoE/EP, CP attention traffic,
+loss fusion, MoE/EP, CP attention traffic,
 logging/eval/checkpoint collectives, one-time set-up collectives.
 
 Checked call for call against CommCounter on real megatron-core steps (gloo, cpu): world 1
@@ -105,7 +106,8 @@ class ParallelSpec:
     bucket_size: int | None = None
     clip_grad: float = 1.0
     recompute_full: bool = False  # --recompute-granularity full: each layer's forward runs again in backward
-    loss_allreduce: bool = True  # megatron_npu.training: 1 fp32 'lm loss' over dp on the last stage
+    loss_allreduce: bool = True  # megatron_npu.training: 'lm loss' [sum, count] (2 fp32) over dp, last stage
+    per_token_loss: bool = False  # --calculate-per-token-loss: finalize_model_grads shares the token count
 
 
 @dataclass
@@ -419,9 +421,13 @@ def plan(
             else:
                 mpg = group("mp", e.rank)
                 add("mp", "all_reduce", "grad norm", 1, 4, mpg, layout.spans_nodes(mpg))
+        if par.per_token_loss:
+            if pp > 1:
+                add("pp", "broadcast", "token count (per-token loss)", 1, 4, ppg, layout.spans_nodes(ppg))
+            add("dp_cp", "all_reduce", "token count (per-token loss)", 1, 4, dpg, dp_inter)
         if par.loss_allreduce and last:
             dg = group("dp", e.rank)
-            add("dp", "all_reduce", "loss report (trainer: 1 fp32 per key, 'lm loss')", 1, 4, dg, layout.spans_nodes(dg))
+            add("dp", "all_reduce", "loss report (trainer: 'lm loss' as [sum, count])", 1, 8, dg, layout.spans_nodes(dg))
         out.append(rp)
     return CommPlan(layout, model, par, out, intra_gbps, inter_gbps)
 
@@ -444,6 +450,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--use-distributed-optimizer", action="store_true")
     p.add_argument("--overlap-grad-reduce", action="store_true")
     p.add_argument("--clip-grad", type=float, default=1.0)
+    p.add_argument("--calculate-per-token-loss", action="store_true")
     p.add_argument("--recompute-granularity", choices=("full", "selective"), default=None,
                    help="full repeats each layer's forward TP traffic (all layers assumed); selective adds none")
 
@@ -463,7 +470,7 @@ def specs_from_args(a: argparse.Namespace) -> tuple[ModelSpec, ParallelSpec]:
     par = ParallelSpec(
         sequence_parallel=a.sequence_parallel, use_distributed_optimizer=a.use_distributed_optimizer,
         overlap_grad_reduce=a.overlap_grad_reduce, clip_grad=a.clip_grad,
-        recompute_full=a.recompute_granularity == "full",
+        recompute_full=a.recompute_granularity == "full", per_token_loss=a.calculate_per_token_loss,
     )  # fmt: skip
     return model, par
 

@@ -267,6 +267,7 @@ def _planner(run: Run, intra: float, inter: float) -> tuple[Any, str | None]:
             use_distributed_optimizer=bool(a.get("use_distributed_optimizer")),
             overlap_grad_reduce=bool(a.get("overlap_grad_reduce")), bucket_size=a.get("ddp_bucket_size"),
             clip_grad=float(a.get("clip_grad") or 0.0), recompute_full=a.get("recompute_granularity") == "full",
+            per_token_loss=bool(a.get("calculate_per_token_loss")),
         )  # fmt: skip
         return plan(model, rmap, par, intra, inter), None
     except (KeyError, TypeError, ValueError, LayoutError) as exc:

@@ -123,6 +123,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         distribute_saved_activations=args.distribute_saved_activations,
         clone_scatter_output_in_embedding=args.clone_scatter_output_in_embedding,
         deterministic_mode=args.deterministic_mode,
+        calculate_per_token_loss=args.calculate_per_token_loss,
         overlap_p2p_comm_warmup_flush=args.overlap_p2p_comm_warmup_flush,
         defer_embedding_wgrad_compute=args.defer_embedding_wgrad_compute,
         wgrad_deferral_limit=args.wgrad_deferral_limit,

@@ -174,14 +174,23 @@ def wire_model_config(model: list, optimizer: Any, timers: Any, args: argparse.N
 
 
 def _mean_over_microbatches(reports: list[dict]) -> dict[str, torch.Tensor]:
-    """Per-key mean over this rank's microbatches, then averaged over DP (last stage only)."""
+    """Each reported value over the global batch (last stage only), as Megatron-LM reduces it:
+    a [sum, count] pair is summed over micro-batches and DP ranks, then divided (a token
+    mean); a scalar is averaged over micro-batches, then over DP ranks."""
     if not reports or not parallel_state.is_pipeline_last_stage(ignore_virtual=True):
         return {}
+    group = parallel_state.get_data_parallel_group()
     out = {}
     for key in reports[0]:
-        value = torch.stack([r[key].float().reshape(()) for r in reports]).mean()
-        dist.all_reduce(value, group=parallel_state.get_data_parallel_group())
-        out[key] = value / parallel_state.get_data_parallel_world_size()
+        values = [r[key].float().view(-1) for r in reports]
+        if values[0].numel() == 2:
+            total = torch.stack(values).sum(dim=0)
+            dist.all_reduce(total, group=group)
+            out[key] = total[0] / total[1].clamp(min=1)
+        else:
+            value = torch.cat(values).mean()
+            dist.all_reduce(value, group=group)
+            out[key] = value / parallel_state.get_data_parallel_world_size()
     return out
 
 

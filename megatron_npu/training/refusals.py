@@ -79,8 +79,6 @@ REFUSED: tuple[Refusal, ...] = (
     Refusal("--use-megatron-fsdp", "FSDP is not supported by this trainer",
             "use --use-distributed-optimizer (shards optimizer state across data-parallel ranks)"),
     Refusal("--async-save", "asynchronous checkpoint saving is not supported yet", "drop it (saves are synchronous)"),
-    Refusal("--calculate-per-token-loss", "per-token loss normalisation across micro-batches is not supported yet",
-            "drop it (the loss is the token mean of each micro-batch, as in Megatron-LM core_r0.8)"),
     Refusal("--decoupled-lr", "a separate learning rate for the embedding/output layers is not supported yet",
             _DROP),
     Refusal("--decoupled-min-lr", "a separate learning rate for the embedding/output layers is not supported yet",

@@ -81,6 +81,10 @@ def validate_args(
 
     if args.spec:
         raise ConfigError("--spec is not supported: this trainer builds the GPT layer spec itself; drop the flag")
+    if args.calculate_per_token_loss and args.ddp_average_in_collective:
+        # megatron-core asserts the same inside DistributedDataParallel
+        raise ConfigError("--calculate-per-token-loss divides the gradients by the global batch's token count; "
+                          "it cannot be combined with --ddp-average-in-collective: drop one")
 
     # Deprecated Megatron-LM arguments (Megatron-LM asserts the same).
     for dest, flag, instead in (("batch_size", "--batch-size", "--micro-batch-size"),
