@@ -15,9 +15,12 @@ import pytest
 from pretrain_runs import NO_DROPOUT, checkpoint_at, pretrain, train_losses, validation_losses
 
 ITERS = ["--train-iters", "6"]
+# The embedding and output layer on their own schedule (lr 1e-3 -> 1e-4 for the rest, MODEL)
+DECOUPLED = ["--decoupled-lr", "5e-3", "--decoupled-min-lr", "5e-4"]
 ITERATION_LINE = re.compile(
     r" \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration +(\d+)/ +6 \| consumed samples: +(\d+) \| "
-    r"elapsed time per iteration \(ms\): [\d.]+ \| learning rate: [\d.]+E[-+]\d\d \| global batch size: +8 \| "
+    r"elapsed time per iteration \(ms\): [\d.]+ \| learning rate: [\d.]+E[-+]\d\d \| "
+    r"(?:decoupled learning rate: [\d.]+E[-+]\d\d \| )?global batch size: +8 \| "
     r"lm loss: (\d\.\d{6}E[-+]\d\d) \| loss scale: 1\.0 \| grad norm: [\d.]+ \| "
     r"number of skipped iterations: +0 \| number of nan iterations: +0 \|"
 )
@@ -26,8 +29,8 @@ ITERATION_LINE = re.compile(
 @pytest.fixture(scope="module")
 def dropout_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("dropout")
-    job = pretrain(run, *ITERS, "--use-distributed-optimizer", "--save", str(run / "ckpt"), "--save-interval", "3",
-                   "--tensorboard-dir", str(run / "tb"),
+    job = pretrain(run, *ITERS, *DECOUPLED, "--use-distributed-optimizer", "--save", str(run / "ckpt"),
+                   "--save-interval", "3", "--tensorboard-dir", str(run / "tb"),
                    "--profile", "--profile-step-start", "2", "--profile-step-end", "3").check()  # fmt: skip
     return run, job
 
@@ -41,7 +44,7 @@ def resumed_run(dropout_run, tmp_path_factory):
     killed = root / "iter_0000006.partial"
     killed.mkdir()
     (killed / "__0_0.distcp").write_bytes(b"half a shard")
-    job = pretrain(run, *ITERS, "--use-distributed-optimizer", "--load", str(root), "--save", str(root),
+    job = pretrain(run, *ITERS, *DECOUPLED, "--use-distributed-optimizer", "--load", str(root), "--save", str(root),
                    "--save-interval", "3").check()  # fmt: skip
     return run, job
 
@@ -101,6 +104,18 @@ def test_checkpoints_are_megatron_lm_layout_and_nothing_partial_is_left(dropout_
     assert (ckpt / "iter_0000003" / "metadata.json").exists() and (ckpt / "iter_0000003" / "common.pt").exists()
 
 
+def test_decoupled_lr_runs_the_same_schedule_on_the_embedding_and_output_layer(dropout_run):
+    _, job = dropout_run
+    lines = [line for line in job.stdout.splitlines() if "] iteration " in line]
+    pairs = [(float(re.search(r" learning rate: ([\d.E+-]+)", line).group(1)),
+              float(re.search(r"decoupled learning rate: ([\d.E+-]+)", line).group(1))) for line in lines]  # fmt: skip
+    assert len(pairs) == 6
+    assert pairs[0] == pytest.approx((5e-4, 2.5e-3))  # linear warmup over 2 iterations from 0: ratio 5
+    assert pairs[-1] == pytest.approx((1e-4, 5e-4))  # the decay's end: each group's minimum
+    for lr, decoupled in pairs[1:-1]:  # cosine between: the same phase for both
+        assert (decoupled - 5e-4) / (5e-3 - 5e-4) == pytest.approx((lr - 1e-4) / (1e-3 - 1e-4), rel=1e-5)
+
+
 def test_tensorboard_has_megatron_tag_names(dropout_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -109,7 +124,7 @@ def test_tensorboard_has_megatron_tag_names(dropout_run):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"lm loss", "learning-rate", "grad-norm", "loss-scale", "batch-size", "lm loss validation",
-            "lm loss test"} <= tags
+            "lm loss test", "decoupled-learning-rate"} <= tags
     assert [e.step for e in events.Scalars("lm loss")] == [1, 2, 3, 4, 5, 6]
 
 

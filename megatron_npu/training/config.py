@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from megatron.core.activations import squared_relu
 from megatron.core.distributed import DistributedDataParallelConfig
-from megatron.core.optimizer import OptimizerConfig
+from megatron.core.optimizer import OptimizerConfig, get_standard_config_overrides
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.utils import openai_gelu
 
@@ -133,11 +133,28 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
     )
 
 
+def optimizer_overrides(config: OptimizerConfig) -> dict:
+    """megatron-core's standard parameter-group overrides (no weight decay on biases and 1-D
+    parameters; --decoupled-lr on the embedding and output weights), with the decoupled group
+    marked ``is_decoupled_lr``. megatron-core 0.16 leaves that flag False, yet matches groups by
+    (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr) when it loads a checkpoint: the
+    decoupled and default groups then share a key, and after a resume every parameter trains on
+    the decoupled schedule, silently."""
+    overrides = get_standard_config_overrides(config=config)
+    for override in overrides.values():
+        if "max_lr" in override:  # the one override megatron adds for the decoupled LR
+            override["is_decoupled_lr"] = True
+    return overrides
+
+
 def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
     return OptimizerConfig(
         optimizer=args.optimizer,
         lr=args.lr,
         min_lr=args.min_lr,
+        # megatron-core gives the embedding and output-layer parameters their own group on this schedule
+        decoupled_lr=args.decoupled_lr,
+        decoupled_min_lr=args.decoupled_min_lr,
         weight_decay=args.weight_decay,
         adam_beta1=args.adam_beta1,
         adam_beta2=args.adam_beta2,

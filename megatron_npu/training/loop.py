@@ -39,7 +39,7 @@ from megatron_npu.data.tokenizers import TokenizerError, build_tokenizer
 from megatron_npu.spec import uses_fused_attention
 from megatron_npu.training import checkpointing
 from megatron_npu.training.arguments import ConfigError, parse_args
-from megatron_npu.training.config import ddp_config, optimizer_config, params_dtype
+from megatron_npu.training.config import ddp_config, optimizer_config, optimizer_overrides, params_dtype
 from megatron_npu.training.data import (
     build_iterators,
     global_batch_size_at,
@@ -171,6 +171,20 @@ def wire_model_config(model: list, optimizer: Any, timers: Any, args: argparse.N
         param_sync = [chunk.start_param_sync for chunk in model]
         config.param_sync_func = param_sync[0] if len(model) == 1 else param_sync
     return config
+
+
+def learning_rates(optimizer: Any) -> tuple[float, float | None]:
+    """The schedule's current lr and, with --decoupled-lr, the embedding/output layers' one
+    (the groups optimizer_overrides() marks is_decoupled_lr), as Megatron-LM logs them."""
+    default = decoupled = None
+    for group in optimizer.param_groups:
+        if not group["params"]:
+            continue
+        if group.get("is_decoupled_lr"):
+            decoupled = group["lr"] if decoupled is None else decoupled
+        elif default is None:
+            default = group["lr"]
+    return (default if default is not None else decoupled or 0.0), decoupled
 
 
 def _mean_over_microbatches(reports: list[dict]) -> dict[str, torch.Tensor]:
@@ -325,7 +339,7 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
         if any(not math.isfinite(v) for v in loss_values.values()):
             trainer.nan_iterations += 1
         flops = num_floating_point_operations(args, batch_size)
-        lr = trainer.optimizer.param_groups[0]["lr"]
+        lr, decoupled_lr = learning_rates(trainer.optimizer)
         loss_scale = trainer.optimizer.get_loss_scale().item()
         timer_log.write(iteration, elapsed, {"num_microbatches": get_num_microbatches(), "updated": updated,
                                              "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
@@ -333,7 +347,8 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
                                              "dp_rank": parallel_state.get_data_parallel_rank()})  # fmt: skip
         throughput = flops / (elapsed * 1e12 * args.world_size)
         metrics.train(iteration, args.consumed_train_samples, {
-            "lm_loss": loss_values.get("lm loss"), "learning_rate": lr, "global_batch_size": batch_size,
+            "lm_loss": loss_values.get("lm loss"), "learning_rate": lr, "decoupled_learning_rate": decoupled_lr,
+            "global_batch_size": batch_size,
             "loss_scale": loss_scale, "grad_norm": grad_norm, "iteration_s": elapsed,
             "throughput_tflops": throughput, "skipped_iterations": trainer.skipped_iterations,
             "nan_iterations": trainer.nan_iterations,
@@ -351,6 +366,7 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
                 iteration=iteration, train_iters=train_iters, consumed_samples=args.consumed_train_samples,
                 elapsed_s=per_iter, throughput_tflops=tflops if args.log_throughput else None,
                 mfu=tflops / peak if (peak and args.log_throughput) else None, learning_rate=lr,
+                decoupled_learning_rate=decoupled_lr,
                 global_batch_size=batch_size,
                 losses={k: v / interval["iters"] for k, v in interval["losses"].items()},
                 loss_scale=loss_scale, grad_norm=grad_norm, num_zeros=num_zeros,
@@ -481,7 +497,8 @@ def pretrain(
     write_run_files(args)
 
     model = build_model(model_provider, args)
-    optimizer = get_megatron_optimizer(optimizer_config(args), model)
+    opt_config = optimizer_config(args)
+    optimizer = get_megatron_optimizer(opt_config, model, config_overrides=optimizer_overrides(opt_config))
     scheduler = build_scheduler(optimizer, args)
     wire_model_config(model, optimizer, timers, args)
     iteration = 0

@@ -52,6 +52,7 @@ def iteration_line(
     nans: int,
     mfu: float | None = None,
     num_zeros: float | None = None,
+    decoupled_learning_rate: float | None = None,
 ) -> str:
     line = f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}]"
     line += f" iteration {iteration:8d}/{train_iters:8d} |"
@@ -62,6 +63,8 @@ def iteration_line(
     if mfu is not None:
         line += f" MFU: {mfu * 100:.1f}% |"
     line += f" learning rate: {learning_rate:.6E} |"
+    if decoupled_learning_rate is not None:
+        line += f" decoupled learning rate: {decoupled_learning_rate:.6E} |"
     line += f" global batch size: {global_batch_size:5d} |"
     for key, value in losses.items():
         line += f" {key}: {value:.6E} |"
@@ -109,6 +112,7 @@ class MetricsWriter:
         if self.tensorboard and iteration % self.interval == 0:
             tags = {
                 "learning-rate": record["learning_rate"],
+                "decoupled-learning-rate": record.get("decoupled_learning_rate"),
                 "batch-size": record["global_batch_size"],
                 "lm loss": record["lm_loss"],
                 "loss-scale": record["loss_scale"],
