@@ -30,7 +30,8 @@ setup(
     ],
     extras_require={
         "npu": ["torch_npu"],
-        "test": ["pytest>=7", "ruff", "matplotlib", "tensorboard"],
+        "wandb": ["wandb"],
+        "test": ["pytest>=7", "ruff", "matplotlib", "tensorboard", "wandb"],
     },
     entry_points={"console_scripts": ["megatron-npu=megatron_npu.cli:main"]},
 )

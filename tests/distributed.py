@@ -33,6 +33,8 @@ def base_env(**extra: str) -> dict[str, str]:
         MEGATRON_NPU_DEVICE="cpu",
         OMP_NUM_THREADS="1",
         PYTHONWARNINGS="ignore",
+        WANDB_MODE="offline",  # runs with --wandb-project write to their save dir, never to the network
+        WANDB_SILENT="true",
         PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
     )
     env.update(extra)

@@ -37,6 +37,7 @@ CASES = {
     "layers_vs_virtual_stages": (2, flags("--pipeline-model-parallel-size", "2",
                                           "--num-layers-per-virtual-pipeline-stage", "3"),
                                  ["--num-layers-per-virtual-pipeline-stage"]),
+    "wandb_without_a_name": (1, flags("--wandb-project", "p", "--save", "/tmp/unused"), ["--wandb-exp-name"]),
     "global_batch_vs_dp": (4, flags("--global-batch-size", "6"), ["--global-batch-size", "--micro-batch-size"]),
     "seq_length_vs_positions": (1, flags("--seq-length", "64"), ["--seq-length", "--max-position-embeddings"]),
     "missing_data": (1, flags("--data-path", "/nonexistent/corpus_text_document", drop=("--mock-data",)),

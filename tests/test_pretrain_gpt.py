@@ -31,6 +31,8 @@ def dropout_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("dropout")
     job = pretrain(run, *ITERS, *DECOUPLED, "--use-distributed-optimizer", "--save", str(run / "ckpt"),
                    "--save-interval", "3", "--tensorboard-dir", str(run / "tb"),
+                   "--wandb-project", "megatron-npu-tests", "--wandb-exp-name", "dropout",
+                   "--wandb-save-dir", str(run / "wb"),
                    "--profile", "--profile-step-start", "2", "--profile-step-end", "3").check()  # fmt: skip
     return run, job
 
@@ -102,6 +104,21 @@ def test_checkpoints_are_megatron_lm_layout_and_nothing_partial_is_left(dropout_
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "6"
     assert sorted(p.name for p in ckpt.iterdir()) == ["iter_0000003", "iter_0000006", "latest_checkpointed_iteration.txt"]
     assert (ckpt / "iter_0000003" / "metadata.json").exists() and (ckpt / "iter_0000003" / "common.pt").exists()
+
+
+def test_wandb_gets_megatron_lm_keys_per_iteration_and_evaluation(dropout_run):
+    from wandb_offline import history
+
+    run, _ = dropout_run
+    rows = history(run / "wb")  # WANDB_MODE=offline (tests/distributed.py)
+    train = {row["_step"]: row for row in rows if "lm loss" in row}
+    assert sorted(train) == [1, 2, 3, 4, 5, 6]
+    assert {s: row["lm loss"] for s, row in train.items()} == pytest.approx(train_losses(run), rel=1e-6)
+    assert {"learning-rate", "decoupled-learning-rate", "grad-norm", "loss-scale", "batch-size"} <= set(train[6])
+    # wandb merges what is logged at one step: the evaluation at 6 after training is the one kept
+    logged = {row["_step"]: row["lm loss validation"] for row in rows if "lm loss validation" in row}
+    assert logged == pytest.approx(dict(validation_losses(run)))
+    assert any("lm loss test" in row for row in rows)
 
 
 def test_decoupled_lr_runs_the_same_schedule_on_the_embedding_and_output_layer(dropout_run):

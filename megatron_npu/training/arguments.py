@@ -362,6 +362,7 @@ def _add_logging_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--wandb-project", type=str, default="")
     g.add_argument("--wandb-exp-name", type=str, default="")
     g.add_argument("--wandb-save-dir", type=str, default="")
+    g.add_argument("--wandb-entity", type=str, default="")
     g.add_argument("--logging-level", type=int, default=None)
     g.add_argument("--log-dir", type=str, default=None,
                    help=_EXT + "directory for the timers JSON and layout.json (the trainer picks one if not given).")

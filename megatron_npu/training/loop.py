@@ -50,6 +50,7 @@ from megatron_npu.training.global_vars import print_rank_0, print_rank_last, set
 from megatron_npu.training.initialize import initialize_distributed, set_random_seed, write_run_files
 from megatron_npu.training.reporting import (
     MetricsWriter,
+    finish_wandb,
     iteration_line,
     num_floating_point_operations,
     validation_lines,
@@ -522,6 +523,7 @@ def pretrain(
         iteration = train(trainer, iteration, train_iterators, valid_iterators if has_validation else None)
     final_metrics = MetricsWriter(args, _is_last_rank())
     if trainer.exit_reason:  # as Megatron-LM: an exit condition ends the job once the checkpoint is saved
+        finish_wandb()
         dist.barrier()
         dist.destroy_process_group()
         return 0
@@ -531,6 +533,7 @@ def pretrain(
         run_evaluation(trainer, test_iterators, f"at iteration {iteration} on test set", iteration, final_metrics,
                        split="test")  # fmt: skip
     final_metrics.close()
+    finish_wandb()
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -85,15 +85,44 @@ def validation_lines(prefix: str, losses: dict[str, float]) -> str:
     return f"{SEPARATOR}\n{text}\n{SEPARATOR}"
 
 
+_WANDB_RUN: Any = None
+
+
+def wandb_run(args: argparse.Namespace) -> Any:
+    """Megatron-LM's wandb writer: one run per job, opened by the last rank on first use,
+    in --wandb-save-dir (default SAVE/wandb); None without --wandb-project."""
+    global _WANDB_RUN
+    if _WANDB_RUN is None and args.wandb_project:
+        import wandb
+
+        save_dir = args.wandb_save_dir or os.path.join(args.save, "wandb")
+        os.makedirs(save_dir, exist_ok=True)
+        config = {k: v if isinstance(v, (bool, int, float, str, list, tuple, type(None))) else str(v)
+                  for k, v in vars(args).items()}  # fmt: skip
+        _WANDB_RUN = wandb.init(dir=save_dir, project=args.wandb_project, name=args.wandb_exp_name,
+                                entity=args.wandb_entity or None, config=config)  # fmt: skip
+    return _WANDB_RUN
+
+
+def finish_wandb() -> None:
+    global _WANDB_RUN
+    if _WANDB_RUN is not None:
+        _WANDB_RUN.finish()
+        _WANDB_RUN = None
+
+
 class MetricsWriter:
-    """TensorBoard scalars under Megatron-LM's tag names, and metrics.jsonl; last rank only."""
+    """TensorBoard scalars and wandb values under Megatron-LM's tag names, and metrics.jsonl;
+    last rank only."""
 
     def __init__(self, args: argparse.Namespace, is_last_rank: bool):
         self.enabled = is_last_rank
         self.tensorboard: Any = None
         self.jsonl: IO[str] | None = None
+        self.wandb: Any = None
         if not is_last_rank:
             return
+        self.wandb = wandb_run(args)
         if args.tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -109,7 +138,7 @@ class MetricsWriter:
         if self.jsonl:
             self.jsonl.write(json.dumps({"iteration": iteration, "consumed_samples": consumed_samples, **record}) + "\n")
             self.jsonl.flush()
-        if self.tensorboard and iteration % self.interval == 0:
+        if (self.tensorboard or self.wandb) and iteration % self.interval == 0:
             tags = {
                 "learning-rate": record["learning_rate"],
                 "decoupled-learning-rate": record.get("decoupled_learning_rate"),
@@ -120,10 +149,13 @@ class MetricsWriter:
                 "iteration-time": record["iteration_s"],
                 "throughput": record.get("throughput_tflops"),
             }
-            for tag, value in tags.items():
-                if value is not None and math.isfinite(value):
+            tags = {tag: value for tag, value in tags.items() if value is not None and math.isfinite(value)}
+            if self.tensorboard:
+                for tag, value in tags.items():
                     self.tensorboard.add_scalar(tag, value, iteration)
                     self.tensorboard.add_scalar(f"{tag} vs samples", value, consumed_samples)
+            if self.wandb:
+                self.wandb.log({**tags, "samples": consumed_samples}, step=iteration)
 
     def evaluation(self, iteration: int, consumed_samples: int, losses: dict[str, float], split: str) -> None:
         """``split`` is "validation" or "test": the metrics.jsonl key and the TensorBoard tag suffix."""
@@ -137,6 +169,10 @@ class MetricsWriter:
                 self.tensorboard.add_scalar(f"{key} {split}", value, iteration)
                 self.tensorboard.add_scalar(f"{key} {split} vs samples", value, consumed_samples)
                 self.tensorboard.add_scalar(f"{key} {split} ppl", math.exp(min(20.0, value)), iteration)
+        if self.wandb:
+            values = {f"{key} {split}": value for key, value in losses.items()}
+            values |= {f"{key} {split} ppl": math.exp(min(20.0, value)) for key, value in losses.items()}
+            self.wandb.log(values, step=iteration)
 
     def close(self) -> None:
         if self.tensorboard:

@@ -8,6 +8,7 @@ message naming the flags to change. Runs before any process group exists.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 
 from .refusals import ConfigError
@@ -85,6 +86,8 @@ def validate_args(
         # megatron-core asserts the same inside DistributedDataParallel
         raise ConfigError("--calculate-per-token-loss divides the gradients by the global batch's token count; "
                           "it cannot be combined with --ddp-average-in-collective: drop one")
+    if args.wandb_project:
+        _check_wandb(args)
 
     # Deprecated Megatron-LM arguments (Megatron-LM asserts the same).
     for dest, flag, instead in (("batch_size", "--batch-size", "--micro-batch-size"),
@@ -415,7 +418,17 @@ def _check_layout(args: argparse.Namespace, world_size: int) -> None:
         args.step_batch_size_schedule = schedule
 
 
+def _check_wandb(args: argparse.Namespace) -> None:
+    """Megatron-LM's wandb requirements, checked before any process group exists."""
+    if not args.wandb_exp_name:
+        raise ConfigError("--wandb-project needs --wandb-exp-name (Megatron-LM requires the run's name)")
+    if not (args.wandb_save_dir or args.save):
+        raise ConfigError("--wandb-project needs --wandb-save-dir, or --save (the run then goes to SAVE/wandb)")
+
+
 def _check_paths(args: argparse.Namespace) -> None:
+    if args.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("--wandb-project needs the wandb package: pip install wandb (or drop --wandb-project)")
     for flag, dest in (("--data-path", "data_path"), ("--train-data-path", "train_data_path"),
                        ("--valid-data-path", "valid_data_path"), ("--test-data-path", "test_data_path")):
         tokens = getattr(args, dest)
