@@ -55,16 +55,18 @@ def module_names(wheel: zipfile.ZipFile, path: str) -> set[str]:
     return names
 
 
-def npu_attributes_used() -> set[str]:
-    """Every ``self._npu.X`` in the npu accelerator."""
+def npu_attributes_used(*owner: str) -> set[str]:
+    """Every X of ``self.<owner>.X`` in the npu accelerator: ``("_npu",)`` for torch.npu,
+    ``("_torch_npu", "profiler")`` for torch_npu's profiler."""
     tree = ast.parse((ROOT / "megatron_npu" / "accelerator" / "npu.py").read_text())
-    return {
-        node.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Attribute)
-        and node.value.attr == "_npu"
-    }
+    found = set()
+    for node in ast.walk(tree):
+        value = node.value if isinstance(node, ast.Attribute) else None
+        for name in reversed(owner):
+            value = value.value if isinstance(value, ast.Attribute) and value.attr == name else None
+        if value is not None:
+            found.add(node.attr)
+    return found
 
 
 def fused_ops_named() -> set[str]:
@@ -92,7 +94,7 @@ def registered_ops(wheel: zipfile.ZipFile) -> dict[str, list[str]]:
 
 
 def test_every_torch_npu_namespace_symbol_we_call_exists(wheel):
-    used = npu_attributes_used()
+    used = npu_attributes_used("_npu")
     assert {"current_device", "set_device", "synchronize", "get_rng_state", "manual_seed"} <= used
     available = module_names(wheel, "torch_npu/npu/__init__.py")
     missing = sorted(used - available)
@@ -118,39 +120,25 @@ def test_the_hccl_backend_is_registered_by_the_wheel(wheel):
     assert any(b'"hccl"' in wheel.read(name) or b"'hccl'" in wheel.read(name) for name in sources if "distributed" in name)
 
 
-def torch_npu_profiler_names_used() -> set[str]:
-    """Every ``self._torch_npu.profiler.X`` in the npu accelerator."""
-    tree = ast.parse((ROOT / "megatron_npu" / "accelerator" / "npu.py").read_text())
-    return {
-        node.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Attribute)
-        and node.value.attr == "profiler"
-        and isinstance(node.value.value, ast.Attribute)
-        and node.value.value.attr == "_torch_npu"
-    }
+def classes(wheel: zipfile.ZipFile, path: str) -> dict[str, ast.ClassDef]:
+    return {node.name: node for node in ast.parse(wheel.read(path).decode()).body if isinstance(node, ast.ClassDef)}
 
 
-def class_methods(wheel: zipfile.ZipFile, path: str) -> dict[str, set[str]]:
-    tree = ast.parse(wheel.read(path).decode())
-    return {node.name: {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
-            for node in tree.body if isinstance(node, ast.ClassDef)}  # fmt: skip
+def methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
+    return {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
 
 
 def test_the_profiler_we_start_on_npu_exists_with_chrome_export(wheel):
-    used = torch_npu_profiler_names_used()
+    used = npu_attributes_used("_torch_npu", "profiler")
     assert used == {"profile", "ProfilerActivity"}
     assert used <= module_names(wheel, "torch_npu/profiler/__init__.py")
-    methods = class_methods(wheel, "torch_npu/profiler/profiler.py")
+    found = classes(wheel, "torch_npu/profiler/profiler.py")
+    profile = found["profile"]
     # StepProfiler: with-block (__enter__/__exit__), then export_chrome_trace(path)
-    assert {"__enter__", "__exit__"} <= methods["profile"]
-    assert "export_chrome_trace" in methods["_KinetoProfile"]
-    tree = ast.parse(wheel.read("torch_npu/profiler/profiler.py").decode())
-    profile = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "profile")
+    assert {"__enter__", "__exit__"} <= methods(profile).keys()
     assert [b.id for b in profile.bases if isinstance(b, ast.Name)] == ["_KinetoProfile"]
-    init = next(f for f in profile.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
-    assert "activities" in [a.arg for a in init.args.kwonlyargs]
+    assert "export_chrome_trace" in methods(found["_KinetoProfile"])
+    assert "activities" in [a.arg for a in methods(profile)["__init__"].args.kwonlyargs]
     # ProfilerActivity is compiled (torch_npu._C._profiler); torch_npu's own Python uses both members
     interface = wheel.read("torch_npu/profiler/profiler_interface.py").decode()
     assert "ProfilerActivity.CPU" in interface and "ProfilerActivity.NPU" in interface
