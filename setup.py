@@ -6,7 +6,10 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
-VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "megatron_npu" / "version.py").read_text()).group(1)
+VERSION_PY = (HERE / "megatron_npu" / "version.py").read_text()
+VERSION = re.search(r'__version__ = "([^"]+)"', VERSION_PY).group(1)
+# The tested megatron-core range is stated once, in megatron_npu/version.py.
+MEGATRON_CORE_RANGE = re.search(r'TESTED_MEGATRON_CORE_RANGE = "([^"]+)"', VERSION_PY).group(1)
 
 setup(
     name="megatron-npu",
@@ -20,7 +23,7 @@ setup(
     package_dir={"megatron_npu.patches": "patches"},
     install_requires=[
         "torch>=2.4",
-        "megatron-core>=0.16.0,<0.17",
+        f"megatron-core{MEGATRON_CORE_RANGE}",
         "numpy",
         "packaging",
         "psutil",

@@ -58,7 +58,7 @@ def collect() -> dict[str, Any]:
             "target": patch.target,
             "reason": patch.reason,
             "megatron_core": patch.megatron_versions,
-            "devices": list(patch.devices),
+            "requires": patch.requires,
             "state": "applied" if patch.name in applied else "pending" if patch.name in pending else "inactive",
             "aliases_replaced": REGISTRY.alias_count(patch.name),
         }

@@ -20,7 +20,11 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
 from .accelerator.base import Accelerator
+from .version import TESTED_MEGATRON_CORE_RANGE, UnsupportedMegatronVersion, installed_megatron_core, untested_allowed
 
 ORIGINAL_ATTR = "__megatron_npu_original__"
 _MISSING = object()
@@ -38,8 +42,10 @@ class Patch:
     build: Callable[[Any, Accelerator], Any]
     reason: str
     subsystem: str
-    megatron_versions: str = ">=0.16.0,<0.17"
-    devices: tuple[str, ...] = ("npu", "cpu")
+    megatron_versions: str = TESTED_MEGATRON_CORE_RANGE
+    #: The accelerator capability that makes this patch apply (see Accelerator.capability):
+    #: the patch set asks behaviour questions, never device names.
+    requires: str = "patches_megatron_core"
     #: The attribute may not exist yet (the patch adds it).
     create: bool = False
 
@@ -51,8 +57,14 @@ class Patch:
     def attribute_path(self) -> list[str]:
         return self.target.split(":", 1)[1].split(".")
 
-    def applies_to(self, device_type: str) -> bool:
-        return device_type in self.devices
+    def applies_to(self, accelerator: Accelerator) -> bool:
+        return accelerator.capability(self.requires)
+
+    def verified_for(self, megatron_core_version: str | None) -> bool:
+        """True when this patch was verified for ``megatron_core_version`` (None: not installed)."""
+        return megatron_core_version is not None and Version(megatron_core_version) in SpecifierSet(
+            self.megatron_versions
+        )
 
 
 @dataclass
@@ -110,11 +122,11 @@ class PatchRegistry:
                         f"call megatron_npu.unpatch() before patching for {accelerator.device_type!r}"
                     )
                 return self.applied()
+            applicable = [patch for patch in self.patches if patch.applies_to(accelerator)]
+            _check_versions(applicable, installed_megatron_core())
             self._accelerator = accelerator
             swapped: dict[int, tuple[Any, Any, str]] = {}
-            for patch in self.patches:
-                if not patch.applies_to(accelerator.device_type):
-                    continue
+            for patch in applicable:
                 if patch.module_name in sys.modules:
                     self._apply_one(patch, sys.modules[patch.module_name], swapped)
                 else:
@@ -234,6 +246,19 @@ class _PatchingLoader(importlib.abc.Loader):
         return getattr(self.loader, name)
 
 
+def _check_versions(patches: list[Patch], megatron_core_version: str | None) -> None:
+    """Refuse to apply a patch outside the megatron-core versions it was verified for."""
+    unverified = [patch.name for patch in patches if not patch.verified_for(megatron_core_version)]
+    if not unverified or untested_allowed():
+        return
+    ranges = sorted({patch.megatron_versions for patch in patches if patch.name in unverified})
+    raise UnsupportedMegatronVersion(
+        f"megatron-core {megatron_core_version or '(not installed)'} is outside the versions patches "
+        f"{', '.join(unverified[:5])}{' ...' if len(unverified) > 5 else ''} were verified for "
+        f"({'; '.join(ranges)}); install a verified megatron-core or set MEGATRON_NPU_ALLOW_UNTESTED_MEGATRON=1"
+    )
+
+
 def _static_lookup(owner: Any, attribute: str) -> Any:
     if isinstance(owner, type):
         for klass in owner.__mro__:
@@ -270,8 +295,8 @@ def register(
     *,
     reason: str,
     subsystem: str,
-    megatron_versions: str = ">=0.16.0,<0.17",
-    devices: tuple[str, ...] = ("npu", "cpu"),
+    megatron_versions: str = TESTED_MEGATRON_CORE_RANGE,
+    requires: str = "patches_megatron_core",
     create: bool = False,
 ) -> Callable[[Callable[[Any, Accelerator], Any]], Callable[[Any, Accelerator], Any]]:
     """Decorator form: the decorated function builds the replacement."""
@@ -285,7 +310,7 @@ def register(
                 reason=reason,
                 subsystem=subsystem,
                 megatron_versions=megatron_versions,
-                devices=devices,
+                requires=requires,
                 create=create,
             )
         )

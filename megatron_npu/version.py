@@ -16,7 +16,9 @@ from packaging.version import Version
 
 __version__ = "0.1.0"
 
-TESTED_MEGATRON_CORE = SpecifierSet(">=0.16.0,<0.17")
+#: The one statement of the megatron-core range; setup.py and every patch read it here.
+TESTED_MEGATRON_CORE_RANGE = ">=0.16.0,<0.17"
+TESTED_MEGATRON_CORE = SpecifierSet(TESTED_MEGATRON_CORE_RANGE)
 ALLOW_UNTESTED_ENVVAR = "MEGATRON_NPU_ALLOW_UNTESTED_MEGATRON"
 
 
@@ -29,6 +31,10 @@ def installed_megatron_core() -> str | None:
         return importlib.metadata.version("megatron-core")
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def untested_allowed() -> bool:
+    return os.environ.get(ALLOW_UNTESTED_ENVVAR, "") not in ("", "0")
 
 
 def check_megatron_core(version: str | None = None) -> str:
@@ -47,7 +53,7 @@ def check_megatron_core(version: str | None = None) -> str:
         f"pip install 'megatron-core{TESTED_MEGATRON_CORE}', or set {ALLOW_UNTESTED_ENVVAR}=1 "
         "to patch it anyway at your own risk."
     )
-    if os.environ.get(ALLOW_UNTESTED_ENVVAR, "") not in ("", "0"):
+    if untested_allowed():
         warnings.warn(message, RuntimeWarning, stacklevel=2)
         return found
     raise UnsupportedMegatronVersion(message)

@@ -141,7 +141,7 @@ def _tensor_cuda(original: Callable, accelerator: Accelerator) -> Callable:
     "torch:Tensor.pin_memory",
     reason="pinning needs a device allocator; on the cpu target it is the identity",
     subsystem=SUBSYSTEM,
-    devices=("cpu",),
+    requires="lacks_pinned_memory",
 )
 def _tensor_pin_memory(original: Callable, accelerator: Accelerator) -> Callable:
     def pin_memory(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:

@@ -27,7 +27,7 @@ ROPE = "megatron.core.models.common.embeddings.rope_utils"
     f"{ROPE}:_apply_rotary_pos_emb_bshd",
     reason="RoPE (bshd, half-split) on the device's fused rotary kernel instead of 6 elementwise ops",
     subsystem=SUBSYSTEM,
-    devices=("npu",),
+    requires="has_fused_kernels",
 )
 def _rotary(original: Callable, accelerator: Accelerator) -> Callable:
     if not accelerator.fused_ops().get("rotary"):
@@ -49,7 +49,7 @@ def _rotary(original: Callable, accelerator: Accelerator) -> Callable:
     "megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl",
     reason="SwiGLU on the device's fused kernel; the TorchScript fusion has no npu backend",
     subsystem=SUBSYSTEM,
-    devices=("npu",),
+    requires="has_fused_kernels",
 )
 def _swiglu(original: Callable, accelerator: Accelerator) -> Callable:
     if not accelerator.fused_ops().get("swiglu"):

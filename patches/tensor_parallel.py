@@ -66,7 +66,7 @@ class _DropHostRngWarning(logging.Filter):
     f"{RANDOM}:CudaRNGStatesTracker.fork",
     reason="on cpu the device RNG is the host RNG, so fork()'s 'CPU RNG state changed' warning fires on every call",
     subsystem=SUBSYSTEM,
-    devices=("cpu",),
+    requires="device_rng_is_host_rng",
 )
 def _quiet_fork(original: Callable, accelerator: Accelerator) -> Callable:
     logger = logging.getLogger(RANDOM)

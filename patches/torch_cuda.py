@@ -21,13 +21,13 @@ from megatron_npu.registry import register
 SUBSYSTEM = "torch_cuda"
 
 
-def _redirect(name: str, build: Callable[[Accelerator], Any], reason: str, devices: tuple[str, ...] = ("npu", "cpu"), module: str = "torch.cuda") -> None:
+def _redirect(name: str, build: Callable[[Accelerator], Any], reason: str, requires: str = "patches_megatron_core", module: str = "torch.cuda") -> None:
     register(
         f"{module}.{name}",
         f"{module}:{name}",
         reason=reason,
         subsystem=SUBSYSTEM,
-        devices=devices,
+        requires=requires,
     )(lambda original, accelerator: build(accelerator))
 
 
@@ -71,13 +71,13 @@ _redirect(
     "is_available",
     lambda accelerator: accelerator.is_available,
     "GPU scripts gate their device code on torch.cuda.is_available()",
-    devices=("npu",),
+    requires="stands_in_for_cuda",
 )
 _redirect(
     "get_device_name",
     lambda accelerator: (lambda device=None: accelerator.device_name(device)),
     "logs and MFU tables name the device",
-    devices=("npu",),
+    requires="stands_in_for_cuda",
 )
 
 

@@ -83,7 +83,7 @@ def test_module_imported_after_apply_is_patched_on_import(registry, tmp_path, mo
 
 def test_patch_for_another_device_is_not_applied(registry):
     target = make_module("fake_mcore_d", f=lambda x: x)
-    registry.register(Patch("npu-only", "fake_mcore_d:f", double, "test", "test", devices=("npu",)))
+    registry.register(Patch("fused-only", "fake_mcore_d:f", double, "test", "test", requires="has_fused_kernels"))
     registry.apply(CpuAccelerator())
     assert target.f(1) == 1
 
@@ -151,3 +151,17 @@ def test_pipeline_outputs_are_kept_until_gloo_has_sent_them():
     config = ModelParallelConfig(pipeline_model_parallel_size=2, pipeline_dtype=torch.float32,
                                  deallocate_pipeline_outputs=True)  # fmt: skip
     assert config.deallocate_pipeline_outputs is False
+
+
+def test_a_patch_is_refused_outside_the_megatron_core_versions_it_was_verified_for(registry, monkeypatch):
+    monkeypatch.delenv("MEGATRON_NPU_ALLOW_UNTESTED_MEGATRON", raising=False)
+    target = make_module("fake_mcore_f", f=lambda x: x)
+    registry.register(Patch("future", "fake_mcore_f:f", double, "test", "test", megatron_versions=">=0.99"))
+    with pytest.raises(UnsupportedMegatronVersion, match=r"future.*>=0\.99"):
+        registry.apply(CpuAccelerator())
+    assert target.f(1) == 1 and not registry.active
+
+
+def test_a_capability_the_accelerator_does_not_have_is_an_error_not_a_silent_skip():
+    with pytest.raises(AttributeError, match="no boolean capability 'is_npu'"):
+        CpuAccelerator().capability("is_npu")

@@ -43,6 +43,35 @@ class Accelerator(abc.ABC):
     #: (cpu) reads the buffer later: freeing it early sends garbage.
     stream_ordered_p2p: bool = True
 
+    #: True when the device stands in for CUDA in user scripts: ``torch.cuda.is_available()``
+    #: and the device name answer for it, so a GPU script takes its device path.
+    stands_in_for_cuda: bool = False
+
+    # ----- capabilities the patch set asks -----------------------------------
+    @property
+    def patches_megatron_core(self) -> bool:
+        """True when megatron-core's CUDA calls must be redirected (every target but upstream CUDA)."""
+        return not self.is_upstream
+
+    @property
+    def has_fused_kernels(self) -> bool:
+        return any(self.fused_ops().values())
+
+    @property
+    def lacks_pinned_memory(self) -> bool:
+        return not self.supports_pinned_memory()
+
+    def capability(self, name: str) -> bool:
+        """The boolean capability ``name`` (an attribute or property of this class).
+
+        Patches name the capability they need (``Patch.requires``), so that which
+        patches apply is decided here, by behaviour, never by a device name.
+        """
+        value = getattr(self, name, None)
+        if not isinstance(value, bool):
+            raise AttributeError(f"{type(self).__name__} has no boolean capability {name!r}")
+        return value
+
     # ----- identity --------------------------------------------------------
     @property
     def name(self) -> str:

@@ -42,6 +42,7 @@ class NpuAccelerator(Accelerator):
     visible_devices_envvar = "ASCEND_RT_VISIBLE_DEVICES"
     alloc_conf_envvar = "PYTORCH_NPU_ALLOC_CONF"
     prefers_unbatched_p2p = True
+    stands_in_for_cuda = True
 
     def __init__(self) -> None:
         self._torch_npu = import_torch_npu()
