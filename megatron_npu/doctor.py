@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from .accelerator import DEVICE_ENVVAR, get_accelerator
+from .policy import env_policy
 from .registry import REGISTRY
 from .version import TESTED_MEGATRON_CORE, __version__, installed_megatron_core
 
@@ -24,6 +25,17 @@ def _version(distribution: str) -> str | None:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def foreign_environment(environ: dict[str, str] | None = None) -> list[dict[str, str]]:
+    """Set CUDA/NCCL variables and what the Ascend mapping (policy.ENV_POLICY) makes of them."""
+    environ = dict(os.environ if environ is None else environ)
+    rows = []
+    for name in sorted(environ):
+        row = env_policy(name)
+        if row is not None:
+            rows.append({"name": name, "action": row.action, "to": row.to, "reason": row.reason})
+    return rows
 
 
 def collect() -> dict[str, Any]:
@@ -44,9 +56,15 @@ def collect() -> dict[str, Any]:
         "megatron_core_tested": str(TESTED_MEGATRON_CORE),
         **accelerator.versions(),
     }
-    if accelerator.device_type == "cpu" and os.environ.get(DEVICE_ENVVAR, "auto") == "auto":
+    if accelerator.runs_on_host and os.environ.get(DEVICE_ENVVAR, "auto") == "auto":
         warnings.append("no NPU or GPU found: running on the cpu target (gloo)")
     visible = os.environ.get(accelerator.visible_devices_envvar)
+    environment = foreign_environment()
+    if accelerator.stands_in_for_cuda:  # CUDA/NCCL settings do not reach a target standing in for CUDA
+        for row in environment:
+            if row["action"] in ("rename", "convert", "comment"):
+                to = f": set {row['to']}" if row["to"] else ""
+                warnings.append(f"{row['name']} has no effect on {accelerator.name}{to} ({row['reason']})")
     from . import patches as patch_set  # noqa: F401  (registers the patch set)
 
     applied = {patch.name for patch in megatron_npu.applied_patches()}
@@ -64,16 +82,55 @@ def collect() -> dict[str, Any]:
         }
         for patch in REGISTRY.patches
     ]
+    megatron_lm = megatron_lm_report(patch_rows)
+    if megatron_lm["importable"] and not megatron_lm["tested"]:
+        warnings.append(megatron_lm["error"])
     return {
         "device": accelerator.device_type,
         "backend": accelerator.communication_backend,
-        "device_count": accelerator.device_count() if accelerator.device_type != "cpu" else 0,
+        "device_count": 0 if accelerator.runs_on_host else accelerator.device_count(),
         "visible_devices": {accelerator.visible_devices_envvar: visible},
         "fused_ops": accelerator.fused_ops(),
+        "environment": environment,
         "versions": versions,
         "patches": patch_rows,
+        "megatron_lm": megatron_lm,
         "warnings": warnings,
     }
+
+
+def megatron_lm_report(patch_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Is a Megatron-LM training stack (megatron/training) importable, which release, which patches apply."""
+    from .version import (
+        TESTED_MEGATRON_LM,
+        TESTED_MEGATRON_LM_RANGE,
+        UnsupportedMegatronVersion,
+        check_megatron_lm,
+        installed_megatron_lm,
+    )
+
+    found = installed_megatron_lm()  # read from files: megatron.training is not imported
+    training_patches = [row for row in patch_rows if row["subsystem"] == "megatron_training"]
+    report: dict[str, Any] = {
+        "importable": found is not None,
+        "version": found[0] if found else None,
+        "version_source": found[1] if found else None,
+        "path": found[2] if found else None,
+        "tested_release": TESTED_MEGATRON_LM,
+        "tested": None,  # True / False once a training stack is found
+        "tested_range": TESTED_MEGATRON_LM_RANGE,
+        "megatron_core": installed_megatron_core(),
+        # pending: applied by the import hook when the script imports megatron.training
+        "patches": {row["name"]: row["state"] for row in training_patches},
+        "error": None,
+    }
+    if found is not None:
+        try:
+            check_megatron_lm()
+            report["tested"] = True
+        except UnsupportedMegatronVersion as error:
+            report["tested"], report["error"] = False, str(error)
+    return report
 
 
 def render(report: dict[str, Any], patches_only: bool = False) -> str:
@@ -85,6 +142,20 @@ def render(report: dict[str, Any], patches_only: bool = False) -> str:
             "versions : " + ", ".join(f"{k}={v}" for k, v in report["versions"].items() if v),
             "fused ops: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["fused_ops"].items()),
         ]
+        for row in report["environment"]:
+            on_ascend = f"{row['to']} on Ascend" if row["to"] else {"comment": "no Ascend counterpart"}.get(
+                row["action"], "kept on Ascend")
+            lines.append(f"env      : {row['name']} -> {on_ascend} ({row['reason']})")
+    lm = report.get("megatron_lm")
+    if lm is not None and not patches_only:
+        if lm["importable"]:
+            active = sum(1 for state in lm["patches"].values() if state != "inactive")
+            lines.append(f"megatron-lm: {lm['version']} at {lm['path']} (from {lm['version_source']}); "
+                         f"megatron-core {lm['megatron_core']}; tested with {lm['tested_release']}: "
+                         f"{'yes' if lm['tested'] is True else 'NO'}; "
+                         f"{active} of {len(lm['patches'])} megatron_training patches apply")
+        else:
+            lines.append("megatron-lm: no megatron/training importable (this project's pretrain_gpt.py needs none)")
     rows = report["patches"]
     by_subsystem: dict[str, int] = {}
     for row in rows:

@@ -9,20 +9,10 @@ from . import (  # noqa: F401  (importing registers the patches)
     device_arguments,
     distributed,
     fused_ops,
+    megatron_training,
     optimizer,
     pipeline_parallel,
     tensor_parallel,
     torch_cuda,
     transformer,
-)
-
-SUBSYSTEMS = (
-    "device_arguments",
-    "torch_cuda",
-    "distributed",
-    "tensor_parallel",
-    "optimizer",
-    "pipeline_parallel",
-    "transformer",
-    "fused_ops",
 )

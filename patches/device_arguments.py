@@ -36,11 +36,10 @@ TENSOR_NEW = ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor")
 def device_mapper(accelerator: Accelerator) -> Callable[[Any], Any]:
     """A function mapping CUDA device specs to the accelerator's device."""
     device_type = accelerator.device_type
+    indexed = not accelerator.runs_on_host  # the host is one device: "cpu", never "cpu:1"
 
     def to_target(index: int | None) -> torch.device:
-        if device_type == "cpu":
-            return torch.device("cpu")
-        return torch.device(device_type, index) if index is not None else torch.device(device_type)
+        return torch.device(device_type, index) if indexed and index is not None else torch.device(device_type)
 
     def map_device(device: Any) -> Any:
         if isinstance(device, str):

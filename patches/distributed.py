@@ -67,9 +67,8 @@ def _group_wrapper(original: Callable, accelerator: Accelerator) -> Callable:
                     kwargs["pg_options"] = None
         device_id = kwargs.get("device_id")
         if device_id is not None:
-            mapped_device = map_device(device_id)
-            # gloo binds no device: a cpu device_id would be rejected.
-            kwargs["device_id"] = None if mapped_device.type == "cpu" else mapped_device
+            # gloo binds no device: a host device_id would be rejected.
+            kwargs["device_id"] = map_device(device_id) if accelerator.collectives_bind_device else None
         return original(*args, **kwargs)
 
     return create

@@ -1,16 +1,17 @@
-"""Fused ops: megatron-core's unfused rotary embedding and SwiGLU on torch_npu's kernels.
+"""Fused ops: megatron-core's fused-RoPE slot filled with the device's rotary kernel.
 
-Without Transformer Engine megatron-core computes RoPE and SwiGLU with several
-elementwise torch ops each; torch_npu has one fused kernel for each
-(``npu_rotary_mul``, ``npu_swiglu``). The math is the same (megatron_npu/ops/fused.py
-has both sides). RMSNorm needs no patch: the SP-capable norm of patches/transformer.py
-builds megatron_npu.ops.fused.RMSNorm. npu only: on cuda the upstream path stays, on
-cpu there is no kernel.
+The one fusion with no spec seam (norm, core attention and the SwiGLU activation go
+through megatron_npu.ops.spec_provider). megatron-core calls its fused RoPE
+(``rope_utils.fused_apply_rotary_pos_emb``, Transformer Engine's, None without it) only
+when ``config.apply_rope_fusion`` is set, so ``--no-rope-fusion`` runs megatron's unfused
+math on every target. The kernel is the accelerator's (``fused_kernel("rotary")``, a
+neutral signature; its torch twin is megatron_npu/ops/fused.py's ``rotary``). Applied
+by capability: a target without the kernel keeps megatron-core as it is.
 """
 
 from __future__ import annotations
 
-import functools
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -23,42 +24,25 @@ ROPE = "megatron.core.models.common.embeddings.rope_utils"
 
 
 @register(
-    "rope_utils._apply_rotary_pos_emb_bshd.fused",
-    f"{ROPE}:_apply_rotary_pos_emb_bshd",
-    reason="RoPE (bshd, half-split) on the device's fused rotary kernel instead of 6 elementwise ops",
+    "rope_utils.fused_apply_rotary_pos_emb.device_kernel",
+    f"{ROPE}:fused_apply_rotary_pos_emb",
+    reason="megatron's fused-RoPE slot is Transformer Engine's kernel (None without TE): the device's rotary "
+    "kernel fills it, so config.apply_rope_fusion (--no-rope-fusion) decides, as on CUDA",
     subsystem=SUBSYSTEM,
-    requires="has_fused_kernels",
+    requires="has_fused_rotary",
 )
-def _rotary(original: Callable, accelerator: Accelerator) -> Callable:
-    if not accelerator.fused_ops().get("rotary"):
-        return original
+def _rotary(original: Callable | None, accelerator: Accelerator) -> Callable:
+    # No spec seam exists for RoPE (SelfAttention applies it before core attention); megatron's
+    # apply_rotary_pos_emb calls this slot only when config.apply_rope_fusion is set.
+    unfused = importlib.import_module(ROPE)._apply_rotary_pos_emb_bshd
 
-    @functools.wraps(original)
-    def _apply_rotary_pos_emb_bshd(
-        t: Any, freqs: Any, rotary_interleaved: bool = False, multi_latent_attention: bool = False, mscale: float = 1.0
-    ) -> Any:
-        if rotary_interleaved or multi_latent_attention or mscale != 1.0:
-            return original(t, freqs, rotary_interleaved, multi_latent_attention, mscale)
+    def fused_apply_rotary_pos_emb(t: Any, freqs: Any, transpose_output_memory: bool = False,
+                                   interleaved: bool = False) -> Any:  # fmt: skip
+        if original is not None:  # Transformer Engine is installed: its kernel stays
+            return original(t, freqs, transpose_output_memory=transpose_output_memory, interleaved=interleaved)
+        if interleaved:  # the device kernel is half-split only
+            return unfused(t, freqs, rotary_interleaved=True)
         return fused.rotary(t, freqs)
 
-    return _apply_rotary_pos_emb_bshd
+    return fused_apply_rotary_pos_emb
 
-
-@register(
-    "fused_bias_swiglu.bias_swiglu_impl.fused",
-    "megatron.core.fusions.fused_bias_swiglu:bias_swiglu_impl",
-    reason="SwiGLU on the device's fused kernel; the TorchScript fusion has no npu backend",
-    subsystem=SUBSYSTEM,
-    requires="has_fused_kernels",
-)
-def _swiglu(original: Callable, accelerator: Accelerator) -> Callable:
-    if not accelerator.fused_ops().get("swiglu"):
-        return original
-
-    @functools.wraps(original)
-    def bias_swiglu_impl(input: Any, bias: Any, fp8_input_store: bool = False, cpu_offload_input: bool = False) -> Any:  # noqa: A002
-        if fp8_input_store or cpu_offload_input:
-            return original(input, bias, fp8_input_store, cpu_offload_input)
-        return fused.swiglu(input if bias is None else input + bias)
-
-    return bias_swiglu_impl

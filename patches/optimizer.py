@@ -179,3 +179,25 @@ def _load_state_dict(original: Callable, accelerator: Accelerator) -> Callable:
         return result
 
     return load_state_dict
+
+
+@register(
+    "optimizer.get_standard_config_overrides.is_decoupled_lr",
+    "megatron.core.optimizer:get_standard_config_overrides",
+    reason="the --decoupled-lr override leaves is_decoupled_lr False, the key groups are matched by on load: "
+    "after a resume every parameter trains on the decoupled schedule (silent)",
+    subsystem=SUBSYSTEM,
+)
+def _standard_overrides(original: Callable, accelerator: Accelerator) -> Callable:
+    @functools.wraps(original)
+    def get_standard_config_overrides(config: Any) -> Any:
+        overrides = original(config)
+        # megatron-core 0.16 adds exactly one override with "max_lr": the decoupled one. The
+        # optimizer matches checkpointed groups by (wd_mult, lr_mult, is_expert_parallel,
+        # is_decoupled_lr): unmarked, the decoupled and default groups share a key.
+        for override in overrides.values():
+            if "max_lr" in override:
+                override["is_decoupled_lr"] = True
+        return overrides
+
+    return get_standard_config_overrides

@@ -57,7 +57,7 @@ def main() -> None:
 
     # 2. the model wrapped in DDP (device_ids only where there is a device)
     model = TinyNet().to(device)
-    ddp_model = DDP(model, device_ids=None if device.type == "cpu" else [local_rank])
+    ddp_model = DDP(model, device_ids=None if accelerator.runs_on_host else [local_rank])
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=args.lr)
     loss_fn = torch.nn.CrossEntropyLoss()
 

@@ -330,7 +330,9 @@ def test_refused_flags(flags, named, alternative):
 
 def test_refused_table_rows_are_complete():
     assert all(r.flag.startswith("--") and r.reason and r.alternative for r in arguments.REFUSED)
-    assert arguments.refusal_for("--fp8-recipe").flag == "--fp8*"
+    assert arguments.refusal_for("--fp8-anything").flag == "--fp8*"
+    # one fp8 policy: every fp8/fp4 row (exact rows name migrate's rules) says the same
+    assert len({(r.reason, r.alternative) for r in arguments.REFUSED if "fp8" in r.flag or "fp4" in r.flag}) == 1
     assert arguments.refusal_for("--moe-grouped-gemm=1").flag == "--moe-*"
     assert arguments.refusal_for("--num-layers") is None
     # Refused-whenever-given flags are not accepted flags; value-checked ones are.
@@ -607,10 +609,68 @@ def test_known_flags_and_parser_groups():
         assert "megatron-npu extension" in action.help
 
 
-@pytest.mark.parametrize("module", ["arguments.py", "refusals.py", "validation.py"])
+@pytest.mark.parametrize("module", ["arguments.py", "validation.py", "../policy.py"])
 def test_module_imports_no_torch_or_megatron(module):
     tree = ast.parse((Path(arguments.__file__).parent / module).read_text())
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     names = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]
     names += [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
     assert not any(m.split(".")[0] in ("torch", "megatron", "torch_npu", "megatron_npu") for m in names), names
+
+
+# ---------------------------------------------------------------------------------------
+# --distributed-backend: the accelerator says what runs it
+# ---------------------------------------------------------------------------------------
+
+
+def test_distributed_backend_goes_through_the_accelerator(monkeypatch):
+    from megatron_npu import accelerator as acc
+    from megatron_npu.accelerator.cpu import CpuAccelerator
+    from megatron_npu.accelerator.cuda import CudaAccelerator
+
+    # the cpu target (the tests' own) stands in for either device library
+    for backend in ("nccl", "hccl", "gloo"):
+        assert parse("--distributed-backend", backend, check_paths=True).distributed_backend == backend
+        assert CpuAccelerator().collective_backend_for(backend) == "gloo"
+    assert CpuAccelerator().collective_backend_for(None) == "gloo"
+    # a target that cannot run the backend refuses it before any process group, in one line
+    monkeypatch.setattr(acc, "_ACCELERATOR", CudaAccelerator())  # built without a GPU: only its table is read
+    msg = error("--distributed-backend", "hccl", check_paths=True)
+    assert msg.startswith("--distributed-backend hccl: the cuda target cannot run hccl") and "nccl" in msg
+    assert parse("--distributed-backend", "gloo", check_paths=True).distributed_backend == "gloo"
+    # the migration tool checks a script for another machine: no target check
+    assert parse("--distributed-backend", "hccl").distributed_backend == "hccl"
+
+
+# ---------------------------------------------------------------------------------------
+# pretrain(extra_args_provider=..., args_defaults=...), as Megatron-LM's initialize_megatron
+# ---------------------------------------------------------------------------------------
+
+
+def test_extra_args_provider_flags_reach_get_args():
+    from megatron_npu.training import loop
+    from megatron_npu.training.global_vars import get_args, set_global
+
+    def extra(parser):
+        group = parser.add_argument_group(title="script")
+        group.add_argument("--my-script-flag", type=int, default=3)
+        return parser
+
+    base = [*BASE, "--tokenizer-type", "NullTokenizer", "--vocab-size", "128"]
+    args, _ = loop.setup_args([*base, "--my-script-flag", "7"], None, extra)  # what pretrain() calls
+    set_global("args", args)
+    assert get_args().my_script_flag == 7
+    assert loop.setup_args(base, None, extra)[0].my_script_flag == 3
+    assert "--my-script-flag" in error("--my-script-flag", "7")  # without the provider: unrecognized
+
+
+def test_args_defaults_satisfy_a_required_flag_before_validation():
+    base = [t for t in BASE if t != "--mock-data"] + ["--data-path", "unused"]
+    assert "--tokenizer-type is required" in error(base=base)
+    args = parse_args(base, world_size=1, check_paths=False, args_defaults={"tokenizer_type": "NullTokenizer",
+                                                                          "vocab_size": 128})
+    assert args.tokenizer_type == "NullTokenizer"
+    # a flag given on the command line wins over the script's default, as in Megatron-LM
+    args = parse_args([*base, "--tokenizer-type", "NullTokenizer", "--vocab-size", "64"], world_size=1,
+                      check_paths=False, args_defaults={"vocab_size": 128})
+    assert args.vocab_size == 64

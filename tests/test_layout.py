@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from megatron_npu.layout import planner, rankmap, ranktable
+from megatron_npu.layout.model_shape import ModelShape, default_ffn_hidden_size, pad_vocab_size
+from megatron_npu.layout.parallel_dims import TRAINER_FLAGS, ParallelDims
 from megatron_npu.layout.planner import ModelSpec, ParallelSpec, plan
 from megatron_npu.layout.rankmap import LayoutError, build_rank_map, validate_layout
 from megatron_npu.layout.ranktable import RankTableError, build_rank_table, parse_nic_text
@@ -88,10 +90,10 @@ def test_known_layouts():
     [
         (dict(tp=16, nnodes=2, nproc_per_node=8), r"TP=16 would span nodes.*TP sizes that fit: 1, 2, 4, 8"),
         (dict(tp=3, nnodes=1, nproc_per_node=8), r"TP=3 would span nodes"),
-        (dict(tp=8, pp=3, nnodes=2, nproc_per_node=8), r"does not divide the world size 16"),
-        (dict(tp=2, pp=2, cp=3, nnodes=2, nproc_per_node=8), r"does not divide the world size 16"),
-        (dict(tp=2, pp=1, vpp=2, nnodes=1, nproc_per_node=8), r"--vpp needs PP >= 2"),
-        (dict(tp=2, pp=2, ep=3, nnodes=1, nproc_per_node=8), r"EP=3 must divide DP x CP = 2"),
+        (dict(tp=8, pp=3, nnodes=2, nproc_per_node=8), r"world size 16 is not divisible by --tp 8 x --pp 3 x --cp 1 = 24"),
+        (dict(tp=2, pp=2, cp=3, nnodes=2, nproc_per_node=8), r"world size 16 is not divisible by .* = 12"),
+        (dict(tp=2, pp=1, vpp=2, nnodes=1, nproc_per_node=8), r"--vpp \(interleaved schedule\) needs --pp > 1"),
+        (dict(tp=2, pp=2, ep=3, nnodes=1, nproc_per_node=8), r"--ep 3 must divide DP x CP = 2"),
         (dict(tp=0, nnodes=1, nproc_per_node=8), r"--tp must be >= 1"),
     ],
 )
@@ -105,8 +107,99 @@ def test_bad_layouts_refused(kwargs, message):
 def test_validate_layout_signature_and_layers():
     assert validate_layout(16, tp=8, pp=2, nnodes=2, nproc_per_node=8) == (16, 2, 8, 1)
     assert validate_layout(tp=2, nnodes=1, nproc_per_node=8, num_layers=4) == (8, 1, 8, 4)
-    with pytest.raises(LayoutError, match="num_layers 5 is not divisible by PP=2"):
+    with pytest.raises(LayoutError, match="--num-layers 5 is not divisible by --pp 2"):
         validate_layout(tp=2, pp=2, nnodes=1, nproc_per_node=8, num_layers=5)
+
+
+# ---- the layout object: one rule, one message each --------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(world_size=0), r"^world size must be positive, got 0$"),
+        (dict(world_size=8, pp=0), r"^--pp must be >= 1, got 0$"),
+        (dict(world_size=8, cp=-1), r"^--cp must be >= 1, got -1$"),
+        (dict(world_size=8, ep=0), r"^--ep must be >= 1, got 0$"),
+        (dict(world_size=16, nproc_per_node=16, devices_per_node=8),
+         r"^the launcher starts 16 processes per node but a node has 8 devices \(--devices-per-node\)$"),
+        (dict(world_size=8, tp=3, devices_per_node=8), r"^TP=3 does not fit in a node of 8 devices: .*\(--tp\)$"),
+        (dict(world_size=16, tp=16, nnodes=2, nproc_per_node=8), r"^TP=16 would span nodes: .* 1, 2, 4, 8 \(--tp\)$"),
+        (dict(world_size=12, tp=4, pp=2), r"^world size 12 is not divisible by --tp 4 x --pp 2 x --cp 1 = 8; "
+                                          r"TP x PP x CP must be one of 1, 2, 3, 4, 6, 12$"),
+        (dict(world_size=8, tp=2, pp=2, ep=4), r"^--ep 4 must divide DP x CP = 2$"),
+        (dict(world_size=8, pp=2, vpp=0), r"^--vpp must be >= 1, got 0$"),
+        (dict(world_size=8, vpp=2), r"^--vpp \(interleaved schedule\) needs --pp > 1$"),
+        (dict(world_size=8, pp=4, num_layers=6), r"^--num-layers 6 is not divisible by --pp 4$"),
+        (dict(world_size=8, pp=2, vpp=3, num_layers=8), r"^layers per pipeline stage \(8 / 2 = 4\) is not divisible by --vpp 3$"),
+    ],
+)  # fmt: skip
+def test_parallel_dims_rules(kwargs, message):
+    with pytest.raises(LayoutError, match=message):
+        ParallelDims(**kwargs)
+
+
+def test_parallel_dims_derived_sizes_and_trainer_flags():
+    d = ParallelDims(32, tp=2, pp=2, cp=2, ep=2, vpp=2, nnodes=4, nproc_per_node=8, num_layers=8)
+    assert (d.dp, d.dp_cp, d.model_parallel, d.virtual_stages, d.interleaved) == (4, 8, 4, 2, True)
+    assert d.layers_per_chunk(8) == 2 and d.microbatches(64, 2) == 8
+    assert ParallelDims.for_launch(tp=2, nnodes=2, nproc_per_node=4) == ParallelDims(8, tp=2, nnodes=2, nproc_per_node=4)
+    assert ParallelDims.for_launch(8).nproc_per_node == 8  # one node holding every rank
+    with pytest.raises(LayoutError, match="world_size 9 != --nnodes 2 x --nproc-per-node 4"):
+        ParallelDims.for_launch(9, nnodes=2, nproc_per_node=4)
+    with pytest.raises(LayoutError, match=r"^--global-batch-size 10 is not divisible by --micro-batch-size 2 x "
+                                          r"data-parallel size 4 \(= world size 32 / \(TP 2 x PP 2 x CP 2\)\) = 8$"):
+        d.microbatches(10, 2)
+    with pytest.raises(LayoutError, match=r"^--seq-length 127 is not divisible by --cp 2$"):
+        d.check_seq_length(127, False)
+    with pytest.raises(LayoutError, match=r"^--sequence-parallel needs --seq-length 6 divisible by --tp 4$"):
+        ParallelDims(4, tp=4).check_seq_length(6, True)
+    ParallelDims(4, tp=4).check_seq_length(6, False)  # without SP the sequence is not split over TP
+    # the trainer's flags: the message names what pretrain_gpt.py was given
+    args = dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2, num_layers=8,
+                num_layers_per_virtual_pipeline_stage=2)  # fmt: skip
+    assert ParallelDims.from_args(args, 4).vpp == 2
+    assert ParallelDims.from_args({**args, "num_layers_per_virtual_pipeline_stage": 4}, 4).vpp is None  # 1 = none
+    with pytest.raises(LayoutError, match=r"^layers per pipeline stage \(8 / 2 = 4\) is not divisible by "
+                                          r"--num-layers-per-virtual-pipeline-stage 3$"):
+        ParallelDims.from_args({**args, "num_layers_per_virtual_pipeline_stage": 3}, 4)
+    with pytest.raises(LayoutError, match="mutually exclusive"):
+        ParallelDims.from_args({**args, "num_virtual_stages_per_pipeline_rank": 2}, 4)
+    with pytest.raises(LayoutError, match=r"^world size 6 is not divisible by --tensor-model-parallel-size 2 x "
+                                          r"--pipeline-model-parallel-size 2 x --context-parallel-size 1 = 4"):
+        ParallelDims.from_args(args, 6, TRAINER_FLAGS)
+
+
+def test_model_shape_defaults_and_rules():
+    assert default_ffn_hidden_size(64, False) == 256
+    assert default_ffn_hidden_size(64, True) == 128  # int((256 * 2/3) / 64) * 64: Megatron-LM's SwiGLU rule
+    assert default_ffn_hidden_size(4096, True) == 10880  # 10922.7 rounded down to 64
+    s = ModelShape.build(4, 64, 4, swiglu=True, vocab_size=1000)
+    assert (s.kv_channels, s.num_query_groups, s.ffn_hidden_size, s.fc1_out) == (16, 4, 128, 256)
+    assert s.padded_vocab_size(1) == 1024 and s.padded_vocab_size(3) == 1152 and pad_vocab_size(128, 128, 2) == 256
+    assert ModelShape.from_args({"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2,
+                                 "group_query_attention": False}).num_query_groups == 4  # fmt: skip
+    assert ModelShape.build(4, 64, 4, ffn_hidden_size=96, kv_channels=8).ffn_hidden_size == 96
+    with pytest.raises(LayoutError, match=r"^--hidden-size 66 is not divisible by --num-attention-heads 4; "):
+        ModelShape.build(4, 66, 4)
+    with pytest.raises(LayoutError, match=r"^--num-attention-heads 4 is not divisible by --num-query-groups 3$"):
+        ModelShape.build(4, 64, 4, num_query_groups=3)
+    with pytest.raises(LayoutError, match=r"^--num-attention-heads 4 is not divisible by --tp 8$"):
+        s.check_tensor_parallel(8)
+    with pytest.raises(LayoutError, match=r"^--num-query-groups 2 is not divisible by --tp 4; "):
+        ModelShape.build(4, 64, 8, num_query_groups=2).check_tensor_parallel(4)
+    with pytest.raises(LayoutError, match=r"^--ffn-hidden-size 100 is not divisible by --tp 8$"):
+        ModelShape.build(4, 64, 8, ffn_hidden_size=100).check_tensor_parallel(8)
+
+
+def test_plan_swiglu_uses_the_trainers_ffn_default(capsys):
+    """`megatron-npu plan --swiglu` without --ffn-hidden-size: fc1/fc2 sized by SwiGLU's 8h/3 rule, as trained."""
+    args = ["--nnodes", "1", "--nproc-per-node", "1", "--num-layers", "2", "--hidden-size", "64",
+            "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "2",
+            "--vocab-size", "1000", "--dtype", "fp32", "--json"]  # fmt: skip
+    assert planner.main([*args, "--swiglu"]) == 0
+    swiglu = json.loads(capsys.readouterr().out)
+    assert planner.main([*args, "--swiglu", "--ffn-hidden-size", "128"]) == 0
+    assert json.loads(capsys.readouterr().out)["ranks"] == swiglu["ranks"]
+    assert swiglu["model"]["ffn_hidden_size"] == 128
 
 
 def test_cli_json_table_and_refusal(capsys):
@@ -151,7 +244,8 @@ def test_plan_small_model_hand_computed():
     assert r4["dp"] == {"calls": 1, "bytes": 8, "wire_intra": 8.0, "wire_inter": 0.0}  # loss report [sum, count]
     assert r0["embd"] == {"calls": 1, "bytes": EMB * 4, "wire_intra": 0.0, "wire_inter": EMB * 4}
     assert r0["mp"]["bytes"] == 4 and "dist_opt" not in r0
-    assert "embd" not in p.ranks[0].by_label() or p.ranks[1].by_label()["embd"]["bytes"] == EMB * 4
+    assert p.ranks[1].by_label()["embd"] == r0["embd"]  # TP peer on the first stage: the same tied-embedding reduce
+    assert "embd" in r4 and "embd" not in plan(ModelSpec(**SMALL, untie_embeddings_and_output_weights=True), p.layout).ranks[0].by_label()
     seconds = p.time_s(0)
     intra = 36 * ACT + r0["dp_cp"]["bytes"]
     inter = 4 * ACT + EMB * 4 + 2 * 3 / 4 * 4

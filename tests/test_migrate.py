@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from megatron_npu.migrate import cli
-from megatron_npu.migrate.bash import find_launch
+from megatron_npu.migrate.bash_parse import find_launch
 from megatron_npu.migrate.rules import RULES, flag_rule
 
 FIXTURES = Path(__file__).parent / "fixtures" / "migrate"
@@ -361,3 +361,46 @@ def test_heredoc_body_untouched():
     assert "don't touch: --tp-comm-overlap NCCL_DEBUG=INFO" in out
     assert "python ${MEGATRON_NPU_DIR}/pretrain_gpt.py  # it's removed here" in out
     assert {c["rule"] for c in rep.to_json()["changes"]} >= {"tp-comm-overlap", "entry"}
+
+
+def test_migrate_follows_the_trainers_policy():
+    """One table (megatron_npu/policy.py): a value the trainer accepts stays, one it refuses goes,
+    and every rule's reason is the trainer's."""
+    from megatron_npu.policy import refusal_for
+    from megatron_npu.training.arguments import known_flags
+
+    text = ("#!/bin/bash\n"
+            "python pretrain_gpt.py --cuda-graph-impl none --num-layers 2\n"
+            "python pretrain_gpt.py --cuda-graph-impl local --num-layers 2\n")
+    out = cli.migrate_text(text, "bash", npu_dir=NPU_DIR).result.text.split("\n")
+    assert out[-3:] == ["python ${MEGATRON_NPU_DIR}/pretrain_gpt.py --cuda-graph-impl none --num-layers 2",
+                        "python ${MEGATRON_NPU_DIR}/pretrain_gpt.py --num-layers 2", ""]
+    assert "--cuda-graph-impl" in known_flags()  # the trainer parses it to check the value
+    yaml_text = "cuda_graph_impl: none\nenable_cuda_graph: true\n"
+    assert cli.migrate_text(yaml_text, "yaml").result.text == "cuda_graph_impl: none\nenable_cuda_graph: false\n"
+    for rule in RULES:
+        row = refusal_for(rule.match) if rule.kind == "flag" else None
+        if row is not None:
+            assert rule.reason.startswith(row.reason), rule
+    # fp8 knobs migrate refuses are refused by the trainer with the same words
+    assert refusal_for("--num-layers-at-start-in-bf16").reason == refusal_for("--fp8-format").reason
+
+
+def test_keep_entry_point_runs_the_users_own_pretrain_gpt_through_the_launcher():
+    script = (
+        "#!/bin/bash\n"
+        "torchrun --nproc_per_node 8 /opt/Megatron-LM/pretrain_gpt.py --tensor-model-parallel-size 2 "
+        "--transformer-impl transformer_engine\n"
+        "python tools/pretrain_gpt.py --num-layers 2\n"
+    )
+    report = cli.migrate_text(script, "bash", keep_entry_point=True)
+    lines = report.result.text.splitlines()
+    assert "torchrun --nproc_per_node 8 -m megatron_npu.run /opt/Megatron-LM/pretrain_gpt.py" in report.result.text
+    assert any(line.startswith("python -m megatron_npu.run tools/pretrain_gpt.py") for line in lines)
+    assert "MEGATRON_NPU_DIR" not in report.result.text  # this project's trainer is not used
+    assert "--transformer-impl local" in report.result.text  # device rules still apply
+    assert [c.rule for c in report.result.changes].count("keep-entry") == 2
+    # Migrating the migrated script again changes no entry point.
+    again = cli.migrate_text(report.result.text, "bash", keep_entry_point=True)
+    assert "keep-entry" not in [c.rule for c in again.result.changes]
+    assert again.result.text.count("-m megatron_npu.run") == 2

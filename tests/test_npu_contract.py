@@ -108,11 +108,47 @@ def test_every_fused_op_we_name_exists_with_the_documented_arguments(wheel):
     assert not sorted(named - set(ops)), "fused op missing from torch_npu 2.14.0"
     assert ops["npu_fusion_attention"][:5] == ["query", "key", "value", "head_num", "input_layout"]
     assert {"atten_mask", "scale", "keep_prob", "pre_tockens", "next_tockens", "sparse_mode"} <= set(ops["npu_fusion_attention"])
-    # megatron_npu/ops/fused.py calls: kernel(x, weight, epsilon=eps), kernel(x, dim=-1), kernel(t, cos, sin)
+    # NpuAccelerator._fused_*: npu_rms_norm(x, weight, epsilon=eps), npu_swiglu(x, dim=-1), npu_rotary_mul(t, cos, sin)
     assert ops["npu_rms_norm"][1:] == ["gamma", "epsilon"]
     assert ops["npu_swiglu"] == ["x", "dim"]
     assert ops["npu_rotary_mul"][:4] == ["embedding", "cosine", "sine", "mode"]  # mode defaults to 'half'
     assert "mode='half'" in wheel.read("torch_npu/op_plugin/meta/_meta_registrations.py").decode()
+
+
+def fused_op_calls() -> dict[str, list[tuple[int, set[str]]]]:
+    """Every ``self._torch_npu.npu_*(...)`` call in the npu accelerator: (positional count, keywords)."""
+    tree = ast.parse((ROOT / "megatron_npu" / "accelerator" / "npu.py").read_text())
+    calls: dict[str, list[tuple[int, set[str]]]] = {}
+    for node in ast.walk(tree):
+        func = node.func if isinstance(node, ast.Call) else None
+        if (isinstance(func, ast.Attribute) and func.attr.startswith("npu_") and isinstance(func.value, ast.Attribute)
+                and func.value.attr == "_torch_npu"):  # fmt: skip
+            calls.setdefault(func.attr, []).append((len(node.args), {k.arg for k in node.keywords}))
+    return calls
+
+
+def test_every_fused_op_call_passes_arguments_the_wheel_accepts(wheel):
+    """torch_npu's calling conventions live in NpuAccelerator._fused_*; each call must fit the op."""
+    ops = registered_ops(wheel)
+    calls = fused_op_calls()
+    assert set(calls) == fused_ops_named()  # every kernel fused_ops() reports is called behind a neutral signature
+    for op, uses in calls.items():
+        for positional, keywords in uses:
+            assert positional <= len(ops[op]), f"{op}: {positional} positional arguments, the op takes {ops[op]}"
+            assert keywords <= set(ops[op][positional:]), f"{op}: {sorted(keywords)} not among {ops[op]}"
+
+
+def test_fused_kernels_keep_the_neutral_signatures_of_accelerator_fused_kernel():
+    import inspect
+
+    from megatron_npu.accelerator import npu
+
+    expected = {"rms_norm": ["x", "weight", "eps"], "swiglu": ["x"], "rotary": ["t", "cos", "sin"],
+                "flash_attention": ["query", "key", "value", "softmax_scale", "dropout_p"]}  # fmt: skip
+    assert set(expected) == set(npu._FUSED_KERNELS)
+    for key, params in expected.items():
+        method = getattr(npu.NpuAccelerator, f"_fused_{key}")
+        assert list(inspect.signature(method).parameters)[1:] == params
 
 
 def test_the_hccl_backend_is_registered_by_the_wheel(wheel):

@@ -8,7 +8,7 @@ pipeline, the same initial weights (re-sharded) and the same global batches.
 import pytest
 from distributed import ROOT, torchrun
 
-WORKER = ROOT / "megatron_npu" / "examples" / "gpu_style_gpt.py"
+WORKER = ROOT / "tests" / "fixtures" / "gpu_style_gpt.py"
 STEPS = "4"
 
 

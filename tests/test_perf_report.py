@@ -18,6 +18,7 @@ import pytest
 from distributed import torchrun_nodes
 from pretrain_runs import MOCK_DATA, MODEL, PRETRAIN, pretrain
 
+from megatron_npu.layout import planner
 from megatron_npu.perf import report as perf_report
 
 TITLES = list(perf_report.TITLES.values())
@@ -33,8 +34,9 @@ def run_report(run_dir: Path, *extra: str) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def tp2_pp2(tmp_path_factory):
     run = tmp_path_factory.mktemp("perf_tp2pp2")
+    # --swiglu without --ffn-hidden-size: the planner must size the MLP by SwiGLU's rule, as the trainer does
     pretrain(run, "--train-iters", "4", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-             "--timing-log-level", "2", nproc=4).check()  # fmt: skip
+             "--swiglu", "--timing-log-level", "2", nproc=4).check()  # fmt: skip
     code, text, err = run_report(run)
     assert code == 0, err
     code, js, err = run_report(run, "--json")
@@ -130,8 +132,29 @@ def test_traffic_matches_the_planner_and_stays_on_one_node(tp2_pp2):
         assert d["wire_inter"] == 0 and not d["crosses_nodes"], label
     b = rep["checks"]["balance"]
     assert b["bubble_theoretical"] == pytest.approx(1 / 5)  # (pp-1)/(m+pp-1), pp=2, m=4
-    assert set(b["stages"]) == {"0", "1"} or set(b["stages"]) == {0, 1}
-    assert b["rank_spread"] >= 1.0
+    assert set(b["stages"]) == {"0", "1"}  # JSON keys
+    busy = b["busy_s"]
+    assert set(busy) == {"0", "1", "2", "3"} and min(busy.values()) > 0
+    assert b["rank_spread"] == pytest.approx(max(busy.values()) / min(busy.values()), rel=1e-12)
+    assert (b["verdict"] == "FLAGGED") == (b["rank_spread"] > perf_report.BALANCE_SPREAD_LIMIT
+                                           or b["bubble_measured_worst"] > 1 / 5 + perf_report.BUBBLE_EXCESS_LIMIT)
+
+
+def test_plan_cli_with_swiglu_counts_the_measured_bytes(tp2_pp2, capsys):
+    """`megatron-npu plan --swiglu` (ffn from SwiGLU's rule, as the trainer sizes it) against the counted run."""
+    run, _, rep = tp2_pp2
+    args = json.loads((run / "logs" / "args.json").read_text())
+    assert args["swiglu"] and args["ffn_hidden_size"] == 128  # int((4 * 64 * 2/3) / 64) * 64, not 4h = 256
+    assert planner.main([
+        "--nnodes", "1", "--nproc-per-node", "4", "--tp", "2", "--pp", "2", "--num-layers", "4", "--hidden-size", "64",
+        "--num-attention-heads", "4", "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "2",
+        "--global-batch-size", "8", "--vocab-size", str(args["vocab_size"] + 1),  # NullTokenizer: ids + eod
+        "--dtype", "fp32", "--swiglu", "--json",
+    ]) == 0  # fmt: skip
+    plan = json.loads(capsys.readouterr().out)
+    for label in ("tp", "pp", "dp_cp", "embd"):
+        planned = sum(r["groups"].get(label, {}).get("bytes", 0) for r in plan["ranks"]) / len(plan["ranks"])
+        assert planned == pytest.approx(rep["checks"]["traffic"]["dimensions"][label]["measured_bytes"]), label
 
 
 def test_slow_data_loader_is_flagged(slow_loader, tp2_pp2):

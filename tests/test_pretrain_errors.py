@@ -87,8 +87,27 @@ def test_command_line_error_has_no_traceback():
 def test_every_rank_of_a_torchrun_job_exits_on_a_bad_layout():
     job = torchrun(PRETRAIN, *flags("--tensor-model-parallel-size", "4"), nproc=2, timeout=180)
     assert job.returncode != 0
-    assert job.stderr.count("megatron-npu: error:") == 1  # rank 0 speaks for all
+    # torchrun's failure summary names the message once, as the root cause, whichever rank exits first
+    assert job.stderr.count("megatron-npu: error:") == 1, job.stderr
+    root_cause = job.stderr.split("Root Cause (first observed failure):", 1)[1].split("=" * 20, 1)[0]
+    assert "megatron-npu: error: world size 2 is not divisible" in root_cause, job.stderr
     assert "[rank0]: Traceback" not in job.stderr and "[rank1]: Traceback" not in job.stderr
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_start_error_is_written_to_torchruns_error_file_by_any_rank(rank, tmp_path, monkeypatch, capsys):
+    """The rank that exits first (rank 0 at once, another after its grace) leaves the message for torchrun."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from megatron_npu.start_errors import report_start_error
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.setenv("RANK", str(rank))
+    assert report_start_error("--tensor-model-parallel-size 4 does not divide 2 ranks", grace_s=0.0) == 2
+    assert capsys.readouterr().err == ""  # torchrun prints it, once
+    failure = ProcessFailure(local_rank=rank, pid=1, exitcode=2, error_file=str(error_file))
+    assert failure.message == "megatron-npu: error: --tensor-model-parallel-size 4 does not divide 2 ranks"
 
 
 def test_the_demo_command_is_a_valid_pretrain_gpt_configuration(tmp_path):

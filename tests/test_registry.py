@@ -132,6 +132,27 @@ def test_nccl_backend_is_mapped_and_gloo_groups_stay_gloo():
     assert mapped("cpu:gloo,cuda:nccl") == "cpu:gloo"
 
 
+def test_device_ids_follow_the_accelerators_answers_not_its_name():
+    from megatron_npu.patches.device_arguments import device_mapper
+    from megatron_npu.patches.distributed import _group_wrapper
+
+    host = device_mapper(CpuAccelerator())
+    assert host("cuda:3") == host(3) == host(torch.device("cuda", 1)) == torch.device("cpu")  # one host device
+    assert host("meta") == "meta"
+    seen = {}
+    create = _group_wrapper(lambda *args, **kwargs: seen.update(kwargs), CpuAccelerator())
+    create(backend="nccl", device_id=torch.device("cuda", 1))
+    assert seen == {"backend": "gloo", "device_id": None}  # gloo on the host binds no device
+
+    class Indexed(CpuAccelerator):  # a device target: indexed devices, groups bound to them
+        runs_on_host = False
+
+    assert device_mapper(Indexed())("cuda:3") == torch.device("cpu", 3)
+    create = _group_wrapper(lambda *args, **kwargs: seen.update(kwargs), Indexed())
+    create(device_id=torch.device("cuda", 1))
+    assert seen["device_id"] == torch.device("cpu", 1)
+
+
 def test_tensor_type_reports_cuda_names_only_inside_megatron_checks():
     from megatron.core.optimizer import clip_grads
 
@@ -165,3 +186,48 @@ def test_a_patch_is_refused_outside_the_megatron_core_versions_it_was_verified_f
 def test_a_capability_the_accelerator_does_not_have_is_an_error_not_a_silent_skip():
     with pytest.raises(AttributeError, match="no boolean capability 'is_npu'"):
         CpuAccelerator().capability("is_npu")
+
+
+def test_plain_megatron_core_optimizer_marks_the_decoupled_lr_group():
+    """Found by the bit-exact --decoupled-lr resume test (test_pretrain_gpt.py): megatron-core
+    matches checkpointed groups by is_decoupled_lr, which its own override left False."""
+    import torch.distributed as dist
+    from distributed import free_port
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.transformer.module import MegatronModule
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    megatron_npu.patch()
+
+    class Tiny(MegatronModule):
+        def __init__(self) -> None:
+            super().__init__(TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1))
+            self.embedding = torch.nn.Parameter(torch.zeros(16, 8))
+            self.embedding.is_embedding_or_output_parameter = True
+            self.hidden = torch.nn.Linear(8, 8)
+            self.ddp_config = DistributedDataParallelConfig()  # what a DDP-wrapped chunk carries
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel(1, 1)
+        config = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=1e-4, decoupled_lr=5e-3)
+        optimizer = get_megatron_optimizer(config, [Tiny()])  # megatron-core's default overrides
+        groups = optimizer.param_groups
+        decoupled = [g for g in groups if g["max_lr"] == 5e-3]
+        assert decoupled and all(g["is_decoupled_lr"] for g in decoupled)
+        assert not any(g["is_decoupled_lr"] for g in groups if g["max_lr"] == 1e-3)
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def test_jit_fusions_are_off_in_any_megatron_core_config_where_the_fuser_does_not_serve_the_device():
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    megatron_npu.patch()
+    shape = {"num_layers": 1, "hidden_size": 8, "num_attention_heads": 1}
+    config = TransformerConfig(**shape, bias_activation_fusion=True, bias_dropout_fusion=True)
+    assert (config.bias_activation_fusion, config.bias_dropout_fusion) == (False, False)  # cpu: no jit fusion
+

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
+
+
+class UnsupportedBackend(ValueError):
+    """A collective backend this target cannot run; the message says what to use instead."""
 
 
 class Accelerator(abc.ABC):
@@ -24,8 +29,13 @@ class Accelerator(abc.ABC):
     communication_backend: str
     #: Environment variable that restricts the visible devices.
     visible_devices_envvar: str
-    #: Environment variable of the caching allocator's settings.
-    alloc_conf_envvar: str
+    #: Backend names a script may ask for -> the backend that runs them here. Megatron-LM
+    #: scripts say "nccl" (its default) for "the device's collectives"; a name missing
+    #: here cannot run on this target.
+    backend_aliases: Mapping[str, str] = MappingProxyType({})
+    #: True when compute runs on the host (the cpu target): there is no accelerator
+    #: device to count, to index or to bind a process group or DDP to.
+    runs_on_host: bool = False
     #: True when the target is upstream CUDA: megatron-core needs no patch.
     is_upstream: bool = False
     #: True when separate isend/irecv beats batch_isend_irecv for pipeline p2p
@@ -58,8 +68,34 @@ class Accelerator(abc.ABC):
         return any(self.fused_ops().values())
 
     @property
+    def lacks_jit_fusion(self) -> bool:
+        return not self.supports_jit_fusion
+
+    @property
+    def has_fused_rotary(self) -> bool:
+        return self.fused_kernel("rotary") is not None
+
+    @property
     def lacks_pinned_memory(self) -> bool:
         return not self.supports_pinned_memory()
+
+    @property
+    def collectives_bind_device(self) -> bool:
+        """True when a process group binds a device (``device_id``); gloo on the host binds none."""
+        return not self.runs_on_host
+
+    def collective_backend_for(self, requested: str | None) -> str:
+        """The torch.distributed backend that runs ``requested`` here (None: this target's own).
+
+        Raises UnsupportedBackend naming the backends this target runs.
+        """
+        if requested is None:
+            return self.communication_backend
+        backend = self.backend_aliases.get(requested.lower())
+        if backend is None:
+            runs = ", ".join(sorted(self.backend_aliases))
+            raise UnsupportedBackend(f"the {self.name} target cannot run {requested} collectives; use one of {runs}")
+        return backend
 
     def capability(self, name: str) -> bool:
         """The boolean capability ``name`` (an attribute or property of this class).
@@ -94,9 +130,6 @@ class Accelerator(abc.ABC):
         if self.device_type == "cpu":
             return torch.device("cpu")
         return torch.device(self.device_type, self.current_device() if index is None else index)
-
-    def current_device_name(self) -> str:
-        return str(self.device())
 
     def device_name(self, index: int | None = None) -> str:
         """Marketing name of the device, used for the MFU peak table."""
@@ -143,9 +176,6 @@ class Accelerator(abc.ABC):
     def default_generator(self, index: int | None = None) -> torch.Generator:
         """The generator megatron's RNG tracker forks (dropout draws from it)."""
 
-    def initial_seed(self) -> int:
-        return self.default_generator().initial_seed()
-
     # ----- memory -----------------------------------------------------------
     @abc.abstractmethod
     def memory_allocated(self, device: Any = None) -> int: ...
@@ -179,15 +209,6 @@ class Accelerator(abc.ABC):
     def autocast_device_type(self) -> str:
         return self.device_type
 
-    def is_bf16_supported(self) -> bool:
-        return True
-
-    def is_fp16_supported(self) -> bool:
-        return True
-
-    def is_fp8_supported(self) -> bool:
-        return False
-
     def fused_ops(self) -> dict[str, bool]:
         """Which fused kernels exist on this target, by Megatron's name for them."""
         return {"flash_attention": False, "rms_norm": False, "swiglu": False, "rotary": False}
@@ -201,7 +222,15 @@ class Accelerator(abc.ABC):
         return torch.profiler.profile(activities=self.profiler_activities())
 
     def fused_kernel(self, key: str) -> Callable | None:
-        """The device kernel for fusion ``key`` of fused_ops(), or None (use the torch math)."""
+        """The device kernel for fusion ``key`` of fused_ops(), or None (use the torch math).
+
+        Neutral signatures, whatever the device library's conventions (torch twins in
+        megatron_npu/ops/fused.py):
+        ``"rms_norm"``: (x, weight, eps) -> y;  ``"swiglu"``: (x) -> silu(x1) * x2 over the last
+        dim's halves;  ``"rotary"``: (t, cos, sin) -> t * cos + rotate_half(t) * sin (half-split);
+        ``"flash_attention"``: (query [sq, b, np, hn], key, value [sk, b, ng, hn], *,
+        softmax_scale, dropout_p) -> causal attention [sq, b, np * hn].
+        """
         return None
 
     def peak_tflops(self, dtype: torch.dtype = torch.bfloat16) -> float | None:
@@ -216,7 +245,3 @@ class Accelerator(abc.ABC):
     def versions(self) -> dict[str, str]:
         """Versions of the device software stack (torch_npu, CANN, CUDA, ...)."""
         return {}
-
-    def environment_summary(self) -> Iterator[tuple[str, str]]:
-        yield "device_type", self.device_type
-        yield "backend", self.communication_backend

@@ -10,6 +10,7 @@ import contextlib
 import resource
 import sys
 import time
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -86,7 +87,9 @@ class CpuAccelerator(Accelerator):
     device_type = "cpu"
     communication_backend = "gloo"
     visible_devices_envvar = "CUDA_VISIBLE_DEVICES"
-    alloc_conf_envvar = "PYTORCH_CUDA_ALLOC_CONF"
+    # The host stands in for either device library, so a GPU or an Ascend script runs here as is.
+    backend_aliases = MappingProxyType({"gloo": "gloo", "nccl": "gloo", "hccl": "gloo"})
+    runs_on_host = True
     device_rng_is_host_rng = True
     stream_ordered_p2p = False
 
@@ -168,9 +171,6 @@ class CpuAccelerator(Accelerator):
 
     def supports_pinned_memory(self) -> bool:
         return False
-
-    def is_fp16_supported(self) -> bool:
-        return True
 
     def tensor_type_prefix(self) -> str:
         return "torch"

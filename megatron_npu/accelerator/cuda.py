@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -17,7 +18,8 @@ class CudaAccelerator(Accelerator):
     device_type = "cuda"
     communication_backend = "nccl"
     visible_devices_envvar = "CUDA_VISIBLE_DEVICES"
-    alloc_conf_envvar = "PYTORCH_CUDA_ALLOC_CONF"
+    # As Megatron-LM: nccl, or gloo (which moves CUDA tensors through the host).
+    backend_aliases = MappingProxyType({"nccl": "nccl", "gloo": "gloo"})
     is_upstream = True
     supports_jit_fusion = True
 
@@ -94,12 +96,6 @@ class CudaAccelerator(Accelerator):
 
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
-
-    def is_bf16_supported(self) -> bool:
-        return torch.cuda.is_bf16_supported()
-
-    def is_fp8_supported(self) -> bool:
-        return torch.cuda.get_device_capability()[0] >= 9
 
     def peak_tflops(self, dtype: torch.dtype = torch.bfloat16) -> float | None:
         if dtype not in (torch.bfloat16, torch.float16):

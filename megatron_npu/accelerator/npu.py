@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from .base import Accelerator
-
-# Dense bf16/fp16 peak TFLOP/s per device, for MFU (Atlas 800T A2: Ascend 910B).
-_NPU_PEAK_BF16 = {"910B": 354.0, "910_93": 354.0}
+from .facts import NPU_FACTS, TargetFacts
 
 
 def import_torch_npu() -> Any:
@@ -40,9 +40,13 @@ class NpuAccelerator(Accelerator):
     device_type = "npu"
     communication_backend = "hccl"
     visible_devices_envvar = "ASCEND_RT_VISIBLE_DEVICES"
-    alloc_conf_envvar = "PYTORCH_NPU_ALLOC_CONF"
+    # nccl (every Megatron-LM script's default) means the device library: HCCL here.
+    # gloo is refused: it cannot move npu tensors.
+    backend_aliases = MappingProxyType({"hccl": "hccl", "nccl": "hccl"})
     prefers_unbatched_p2p = True
     stands_in_for_cuda = True
+    #: link bandwidths and peak TFLOP/s (facts.py: readable without torch_npu)
+    facts: TargetFacts = NPU_FACTS
 
     def __init__(self) -> None:
         self._torch_npu = import_torch_npu()
@@ -122,15 +126,37 @@ class NpuAccelerator(Accelerator):
     def empty_cache(self) -> None:
         self._npu.empty_cache()
 
-    def is_bf16_supported(self) -> bool:
-        return self._npu.is_bf16_supported()
-
     def fused_ops(self) -> dict[str, bool]:
         return {key: hasattr(self._torch_npu, op) for key, op in _FUSED_KERNELS.items()}
 
-    def fused_kernel(self, key: str) -> Any:
+    def fused_kernel(self, key: str) -> Callable | None:
+        # torch_npu's calling conventions stay here; callers see the neutral signatures of
+        # Accelerator.fused_kernel.
         op = _FUSED_KERNELS.get(key)
-        return getattr(self._torch_npu, op, None) if op else None
+        if op is None or not hasattr(self._torch_npu, op):
+            return None
+        return getattr(self, f"_fused_{key}")
+
+    def _fused_rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return self._torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]  # (y, rstd)
+
+    def _fused_swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        return self._torch_npu.npu_swiglu(x, dim=-1)
+
+    def _fused_rotary(self, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self._torch_npu.npu_rotary_mul(t, cos, sin)  # mode='half': half-split, as megatron's bshd
+
+    def _fused_flash_attention(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, softmax_scale: float,
+        dropout_p: float = 0.0,
+    ) -> torch.Tensor:  # fmt: skip
+        sq, batch, heads, _ = query.shape
+        # SBH layout, GQA by head counts; True in atten_mask = masked (the upper triangle).
+        mask = torch.triu(torch.ones(sq, key.shape[0], dtype=torch.bool, device=query.device), diagonal=1)
+        return self._torch_npu.npu_fusion_attention(
+            query.reshape(sq, batch, -1), key.reshape(key.shape[0], batch, -1), value.reshape(value.shape[0], batch, -1),
+            heads, "SBH", atten_mask=mask, scale=softmax_scale, keep_prob=1.0 - dropout_p, next_tockens=0,
+        )[0]  # fmt: skip
 
     def profiler_activities(self) -> list:
         activity = self._torch_npu.profiler.ProfilerActivity
@@ -144,7 +170,7 @@ class NpuAccelerator(Accelerator):
         if dtype not in (torch.bfloat16, torch.float16):
             return None
         name = self.device_name()
-        return next((peak for key, peak in _NPU_PEAK_BF16.items() if key in name), None)
+        return next((peak for key, peak in self.facts.peak_tflops_bf16.items() if key in name), None)
 
     def versions(self) -> dict[str, str]:
         found = {"torch_npu": getattr(self._torch_npu, "__version__", "unknown")}

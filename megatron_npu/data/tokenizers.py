@@ -15,26 +15,12 @@ from collections import OrderedDict
 from typing import Any
 
 from megatron_npu.data.word_cache import WordCachedEncoder
+from megatron_npu.layout.model_shape import pad_vocab_size  # the one padding rule (planner, report, here)
+from megatron_npu.policy import TOKENIZER_TYPES
 
 
 class TokenizerError(ValueError):
     """A missing or wrong tokenizer file/flag; the message names the flag to fix."""
-
-
-TOKENIZER_TYPES = (
-    "NullTokenizer",
-    "SentencePieceTokenizer",
-    "GPTSentencePieceTokenizer",
-    "Llama2Tokenizer",
-    "HuggingFaceTokenizer",
-    "GPT2BPETokenizer",
-)
-
-
-def pad_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> int:
-    """Megatron-LM's _vocab_size_with_padding: round up to divisible_by * tp."""
-    multiple = max(1, divisible_by * tp)
-    return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
 class _Base:

@@ -47,13 +47,15 @@ import math
 import sys
 from dataclasses import asdict, dataclass, field
 
+from megatron_npu.accelerator.facts import PLANNING_FACTS
+from megatron_npu.layout.model_shape import ModelShape, pad_vocab_size
 from megatron_npu.layout.rankmap import LayoutError, RankMap, add_layout_args, build_rank_map
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-# ASSUMPTIONS for Atlas 800T A2 (ascend-facts.md names the links, not their speed; measure
-# and override with --intra-gbps / --inter-gbps):
-HCCS_GBPS = 196.0  # GB/s per NPU inside a node over HCCS (392 GB/s bidirectional quoted per 910B)
-ROCE_GBPS = 25.0  # GB/s per NPU between nodes: one 200 Gb/s RoCE port per NPU
+# Assumed link bandwidths: facts of the target (megatron_npu/accelerator/facts.py); measure
+# and override with --intra-gbps / --inter-gbps.
+HCCS_GBPS = PLANNING_FACTS.intra_node_gbps  # GB/s per device inside a node
+ROCE_GBPS = PLANNING_FACTS.inter_node_gbps  # GB/s per device between nodes
 LABELS = ("tp", "pp", "dp_cp", "dp", "embd", "mp", "dist_opt")
 
 
@@ -68,7 +70,7 @@ class ModelSpec:
     micro_batch_size: int
     global_batch_size: int
     vocab_size: int
-    ffn_hidden_size: int | None = None  # None: 4 * hidden
+    ffn_hidden_size: int | None = None  # None: Megatron-LM's default (4h; SwiGLU: 8h/3 rounded to 64)
     num_query_groups: int | None = None  # None: no GQA
     kv_channels: int | None = None  # None: hidden / heads
     swiglu: bool = False
@@ -81,17 +83,34 @@ class ModelSpec:
     params_dtype: str = "bf16"
     grad_reduce_in_fp32: bool | None = None  # None: Megatron-LM's rule, True for bf16
 
+    @classmethod
+    def from_shape(cls, shape: ModelShape, **training: object) -> ModelSpec:
+        """The shape's resolved sizes plus the batch, dtype and architecture fields."""
+        return cls(num_layers=shape.num_layers, hidden_size=shape.hidden_size,
+                   num_attention_heads=shape.num_attention_heads, vocab_size=shape.vocab_size,
+                   ffn_hidden_size=shape.ffn_hidden_size, num_query_groups=shape.num_query_groups,
+                   kv_channels=shape.kv_channels, swiglu=shape.swiglu,
+                   make_vocab_size_divisible_by=shape.make_vocab_size_divisible_by, **training)  # type: ignore[arg-type]  # fmt: skip
+
+    @property
+    def shape(self) -> ModelShape:
+        """Megatron-LM's defaults applied: the same object the trainer's validation uses."""
+        return ModelShape.build(
+            self.num_layers, self.hidden_size, self.num_attention_heads, ffn_hidden_size=self.ffn_hidden_size,
+            kv_channels=self.kv_channels, num_query_groups=self.num_query_groups, swiglu=self.swiglu,
+            vocab_size=self.vocab_size, make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
+        )
+
     @property
     def ffn(self) -> int:
-        return self.ffn_hidden_size or 4 * self.hidden_size
+        return self.shape.ffn_hidden_size
 
     @property
     def tied(self) -> bool:
         return not self.untie_embeddings_and_output_weights
 
     def padded_vocab(self, tp: int) -> int:
-        multiple = self.make_vocab_size_divisible_by * tp
-        return math.ceil(self.vocab_size / multiple) * multiple
+        return pad_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tp)
 
     def grad_bytes(self) -> int:
         fp32 = self.grad_reduce_in_fp32 if self.grad_reduce_in_fp32 is not None else self.params_dtype == "bf16"
@@ -205,7 +224,8 @@ class CommPlan:
                 )
             out.append(f"  est. communication time per iteration: {self.time_s(rp.rank) * 1e3:.3f} ms (no overlap)")
         out.append(
-            f"ASSUMED bandwidths: intra-node {self.intra_gbps} GB/s (HCCS), inter-node {self.inter_gbps} GB/s (RoCE); "
+            f"ASSUMED bandwidths: intra-node {self.intra_gbps} GB/s ({PLANNING_FACTS.intra_node_link}), "
+            f"inter-node {self.inter_gbps} GB/s ({PLANNING_FACTS.inter_node_link}); "
             "override with --intra-gbps/--inter-gbps"
         )
         return "\n".join(out)
@@ -236,12 +256,12 @@ class CommPlan:
 
 def _stage_params(m: ModelSpec, tp: int, layers: int, first: bool, last: bool, pp: int) -> list[tuple[str, int]]:
     """(name, numel) of one model chunk's parameters in named_parameters() order (local spec)."""
-    h, kv = m.hidden_size, m.kv_channels or m.hidden_size // m.num_attention_heads
-    groups = m.num_query_groups or m.num_attention_heads
+    shape = m.shape
+    h, kv, groups = shape.hidden_size, shape.kv_channels, shape.num_query_groups
     norm = ["weight"] if m.normalization == "RMSNorm" else ["weight", "bias"]
     bias = m.add_bias_linear
     qkv_out = (m.num_attention_heads + 2 * groups) * kv // tp
-    fc1_out = m.ffn * (2 if m.swiglu else 1) // tp
+    fc1_out = shape.fc1_out // tp
     vocab = m.padded_vocab(tp) // tp  # vocab-parallel rows on this rank
     out: list[tuple[str, int]] = []
     if first:
@@ -258,7 +278,7 @@ def _stage_params(m: ModelSpec, tp: int, layers: int, first: bool, last: bool, p
         out += [(p + "pre_mlp_layernorm." + n, h) for n in norm]
         out.append((p + "mlp.linear_fc1.weight", fc1_out * h))
         out += [(p + "mlp.linear_fc1.bias", fc1_out)] if bias else []
-        out.append((p + "mlp.linear_fc2.weight", h * m.ffn // tp))
+        out.append((p + "mlp.linear_fc2.weight", h * shape.ffn_hidden_size // tp))
         out += [(p + "mlp.linear_fc2.bias", h)] if bias else []
     if last:
         out += [("decoder.final_layernorm." + n, h) for n in norm]
@@ -316,25 +336,20 @@ def plan(
     inter_gbps: float = ROCE_GBPS,
 ) -> CommPlan:
     par = parallel or ParallelSpec()
-    tp, pp, cp, dp = layout.tp, layout.pp, layout.cp, layout.dp
-    vpp = layout.vpp or 1
-    if model.num_layers % (pp * vpp):
-        raise LayoutError(f"--num-layers {model.num_layers} is not divisible by PP x VPP = {pp * vpp}")
-    if model.global_batch_size % (model.micro_batch_size * dp):
-        raise LayoutError(
-            f"--global-batch-size {model.global_batch_size} is not divisible by micro batch x DP = {model.micro_batch_size * dp}"
-        )
-    if model.seq_length % (cp * (tp if par.sequence_parallel else 1)):
-        raise LayoutError("--seq-length must be divisible by CP (x TP with --sequence-parallel)")
+    dims = layout.dims
+    tp, pp, cp, dp = dims.tp, dims.pp, dims.cp, dims.dp
+    vpp = dims.virtual_stages
+    dims.check_num_layers(model.num_layers)
+    dims.check_seq_length(model.seq_length, par.sequence_parallel)
+    mbs = dims.microbatches(model.global_batch_size, model.micro_batch_size)
     if par.sequence_parallel and tp == 1:
         par = ParallelSpec(**(asdict(par) | {"sequence_parallel": False}))  # megatron turns SP off at TP=1
-    mbs = model.global_batch_size // (model.micro_batch_size * dp)
     pb, gb = DTYPE_BYTES[model.params_dtype], model.grad_bytes()
     s_local = model.seq_length // cp
     act = s_local * model.micro_batch_size * model.hidden_size * pb  # one [s, b, h] activation
     act_sp = act // tp
     scalar = s_local * model.micro_batch_size * 4  # one fp32 [s, b]
-    chunk_layers = model.num_layers // (pp * vpp)
+    chunk_layers = dims.layers_per_chunk(model.num_layers)
     sp = par.sequence_parallel
     bucket_size = par.bucket_size or max(40_000_000, 1_000_000 * dp * cp)
 
@@ -456,16 +471,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def specs_from_args(a: argparse.Namespace) -> tuple[ModelSpec, ParallelSpec]:
-    model = ModelSpec(
-        num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
-        seq_length=a.seq_length, micro_batch_size=a.micro_batch_size, global_batch_size=a.global_batch_size,
-        vocab_size=a.vocab_size, ffn_hidden_size=a.ffn_hidden_size, num_query_groups=a.num_query_groups,
-        kv_channels=a.kv_channels, swiglu=a.swiglu,
+    # one ModelShape: the ffn default follows --swiglu as the trainer's does
+    model = ModelSpec.from_shape(
+        ModelShape.from_args(a), seq_length=a.seq_length, micro_batch_size=a.micro_batch_size,
+        global_batch_size=a.global_batch_size,
         untie_embeddings_and_output_weights=a.untie_embeddings_and_output_weights,
         add_bias_linear=not a.disable_bias_linear, normalization=a.normalization,
         position_embedding_type=a.position_embedding_type, max_position_embeddings=a.max_position_embeddings,
-        make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, params_dtype=a.dtype,
-        grad_reduce_in_fp32=False if a.grad_reduce_in_bf16 else None,
+        params_dtype=a.dtype, grad_reduce_in_fp32=False if a.grad_reduce_in_bf16 else None,
     )  # fmt: skip
     par = ParallelSpec(
         sequence_parallel=a.sequence_parallel, use_distributed_optimizer=a.use_distributed_optimizer,
@@ -479,8 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="megatron-npu plan", description=__doc__.splitlines()[0])
     add_layout_args(p)
     add_model_args(p)
-    p.add_argument("--intra-gbps", type=float, default=HCCS_GBPS, help=f"GB/s inside a node (ASSUMED {HCCS_GBPS}, HCCS)")
-    p.add_argument("--inter-gbps", type=float, default=ROCE_GBPS, help=f"GB/s between nodes (ASSUMED {ROCE_GBPS}, RoCE)")
+    p.add_argument("--intra-gbps", type=float, default=HCCS_GBPS, help=f"GB/s inside a node (ASSUMED {HCCS_GBPS}, {PLANNING_FACTS.intra_node_link})")
+    p.add_argument("--inter-gbps", type=float, default=ROCE_GBPS, help=f"GB/s between nodes (ASSUMED {ROCE_GBPS}, {PLANNING_FACTS.inter_node_link})")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     try:

@@ -12,11 +12,11 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 
+from megatron_npu.layout.parallel_dims import LayoutError, ParallelDims
+
+__all__ = ["LayoutError", "ParallelDims", "RankEntry", "RankMap", "build_rank_map", "validate_layout"]
+
 ORDER = "tp-cp-ep-dp-pp"  # initialize_model_parallel's default order
-
-
-class LayoutError(ValueError):
-    """A layout that does not fit the cluster; the message says why and what fits."""
 
 
 @dataclass
@@ -50,6 +50,11 @@ class RankMap:
     def node_of(self, rank: int) -> int:
         return rank // self.nproc_per_node
 
+    @property
+    def dims(self) -> ParallelDims:
+        """The layout without the placement (validated again: cheap, and a hand-built map gets checked)."""
+        return ParallelDims(self.world_size, self.tp, self.pp, self.cp, self.ep, self.vpp)
+
     def spans_nodes(self, group: list[int]) -> bool:
         return len({self.node_of(r) for r in group}) > 1
 
@@ -60,21 +65,6 @@ class RankMap:
             "ranks": [{k: asdict(e)[k] for k in keys} for e in self.ranks],
             "groups": {k: self.groups[k] for k in ("tp", "pp", "dp", "cp")},
         }
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _resolve(world_size: int | None, nnodes: int | None, nproc_per_node: int | None) -> tuple[int, int, int]:
-    if nnodes is not None and nproc_per_node is not None:
-        if world_size is not None and world_size != nnodes * nproc_per_node:
-            raise LayoutError(f"world_size {world_size} != nnodes {nnodes} x nproc_per_node {nproc_per_node}")
-        return nnodes * nproc_per_node, nnodes, nproc_per_node
-    if world_size is None:
-        raise LayoutError("give world_size, or nnodes and nproc_per_node")
-    # a single node holding every rank
-    return world_size, 1, world_size
 
 
 def validate_layout(
@@ -90,35 +80,9 @@ def validate_layout(
     num_layers: int | None = None,
 ) -> tuple[int, int, int, int]:
     """Check a layout before any process group exists; returns (world, nnodes, nproc, dp)."""
-    world, nnodes, nproc = _resolve(world_size, nnodes, nproc_per_node)
-    for name, value in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)):
-        if value < 1:
-            raise LayoutError(f"--{name} must be >= 1, got {value}")
-    if nnodes < 1 or nproc < 1:
-        raise LayoutError("nnodes and nproc_per_node must be >= 1")
-    fits = [d for d in _divisors(nproc) if (world // (pp * cp)) % d == 0 and world % (pp * cp) == 0]
-    if tp > nproc or nproc % tp:
-        raise LayoutError(
-            f"TP={tp} would span nodes: a TP group is {tp} contiguous ranks and a node holds "
-            f"{nproc}; TP communicates every layer and must stay on a node's HCCS links. "
-            f"TP sizes that fit: {', '.join(map(str, fits or _divisors(nproc)))}"
-        )
-    if world % (tp * pp * cp):
-        raise LayoutError(
-            f"TP={tp} x PP={pp} x CP={cp} = {tp * pp * cp} does not divide the world size {world}; "
-            f"TP sizes that fit with PP={pp}, CP={cp}: {', '.join(map(str, fits)) or 'none'}"
-        )
-    dp = world // (tp * pp * cp)
-    if (dp * cp) % ep:
-        raise LayoutError(f"EP={ep} must divide DP x CP = {dp * cp}")
-    if vpp is not None:
-        if vpp < 1 or pp < 2:
-            raise LayoutError("--vpp needs PP >= 2 and vpp >= 1")
-        if num_layers is not None and num_layers % (pp * vpp):
-            raise LayoutError(f"num_layers {num_layers} is not divisible by PP x VPP = {pp * vpp}")
-    if num_layers is not None and num_layers % pp:
-        raise LayoutError(f"num_layers {num_layers} is not divisible by PP={pp}")
-    return world, nnodes, nproc, dp
+    dims = ParallelDims.for_launch(world_size, tp, pp, cp, ep, vpp, nnodes=nnodes, nproc_per_node=nproc_per_node,
+                                   num_layers=num_layers)  # fmt: skip
+    return dims.world_size, dims.nnodes, dims.nproc_per_node or dims.world_size, dims.dp
 
 
 def build_rank_map(
@@ -133,7 +97,8 @@ def build_rank_map(
     nproc_per_node: int | None = None,
     hosts: list[str] | None = None,
 ) -> RankMap:
-    world, nnodes, nproc, dp = validate_layout(world_size, tp, pp, cp, ep, vpp, nnodes=nnodes, nproc_per_node=nproc_per_node)
+    dims = ParallelDims.for_launch(world_size, tp, pp, cp, ep, vpp, nnodes=nnodes, nproc_per_node=nproc_per_node)
+    world, nnodes, nproc, dp = dims.world_size, dims.nnodes, dims.nproc_per_node or dims.world_size, dims.dp
     if hosts is not None and len(hosts) != nnodes:
         raise LayoutError(f"--hosts lists {len(hosts)} hosts but --nnodes is {nnodes}")
     from megatron.core.parallel_state import RankGenerator, default_embedding_ranks

@@ -22,11 +22,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .bash import Finding, Result, find_launch, migrate_bash
+from ..layout.parallel_dims import TRAINER_FLAGS, LayoutError, ParallelDims
+from ..policy import ConfigError, ignored_reason, refusal_for
+from ..training import arguments
+from .bash import Finding, Result, migrate_bash
+from .bash_parse import find_launch
 from .rules import format_rules
 
 DEFAULT_NPU_DIR = str(Path(__file__).resolve().parents[2])
@@ -123,7 +127,7 @@ def flag_values(args: list[str]) -> dict[str, str]:
 
 def check_layout(settings: dict[str, Any], nnodes: Any, nproc: Any, npus_per_node: int,
                  report: Report, line: int | None) -> None:
-    """TP/PP/CP/EP against the launcher's ranks with rankmap.validate_layout."""
+    """TP/PP/CP/EP against the launcher's ranks and the node's NPUs (ParallelDims' rules)."""
     par = {k: _int(v) for k, v in settings.items()}
     raw = {k: v for k, v in settings.items() if v is not None}
     for key, value in raw.items():
@@ -148,24 +152,16 @@ def check_layout(settings: dict[str, Any], nnodes: Any, nproc: Any, npus_per_nod
         n_nodes = 1
     report.layout = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "nnodes": n_nodes,
                      "nproc_per_node": n_proc, "npus_per_node": npus_per_node, "world_size": n_nodes * n_proc}
+    vpp_flag = _PARALLEL["vpp" if par.get("vpp") is not None else "layers_per_vstage"][0]
+    flags = replace(TRAINER_FLAGS, vpp=vpp_flag, devices_per_node="--npus-per-node")
     problem = None
-    if n_proc > npus_per_node:
-        problem = f"the launcher starts {n_proc} processes per node but a node has {npus_per_node} NPUs (--npus-per-node)"
-    elif tp > npus_per_node or npus_per_node % tp:
-        problem = (f"TP={tp} does not fit in a node of {npus_per_node} NPUs: TP communicates every layer "
-                   "and must stay on a node's HCCS links")
-    else:
-        try:
-            from megatron_npu.layout.rankmap import LayoutError, validate_layout
-        except ImportError:
-            report.checks["layout"] = "partial (megatron_npu.layout.rankmap not available)"
-            return
-        try:
-            _, _, _, dp = validate_layout(tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, nnodes=n_nodes,
-                                          nproc_per_node=n_proc, num_layers=num_layers)
-            report.layout["dp"] = dp
-        except LayoutError as exc:
-            problem = str(exc)
+    try:  # one ParallelDims: launcher vs the node's devices, TP in a node, world, EP, VPP, layers
+        dims = ParallelDims.for_launch(tp=tp, pp=pp, cp=cp, ep=ep, vpp=None if vpp == 1 else vpp, nnodes=n_nodes,
+                                       nproc_per_node=n_proc, devices_per_node=npus_per_node,
+                                       num_layers=num_layers, flags=flags)
+        report.layout["dp"] = dims.dp
+    except LayoutError as exc:
+        problem = str(exc)
     if problem:
         report.errors.append(Finding(line, "parallel layout", problem, "layout"))
         report.checks["layout"] = "failed: " + problem
@@ -173,31 +169,18 @@ def check_layout(settings: dict[str, Any], nnodes: Any, nproc: Any, npus_per_nod
         report.checks["layout"] = "ok"
 
 
-def _arguments_module():
-    try:
-        from megatron_npu.training import arguments
-    except ImportError:
-        return None
-    return arguments
-
-
 def check_flags(args: list[str], line: int | None, world_size: int | None, report: Report,
                 already: set[str]) -> None:
     """Flags pretrain_gpt.py does not accept, then its own validation (ConfigError) of the whole set."""
-    mod = _arguments_module()
-    if mod is None:
-        report.checks["flags"] = "skipped (megatron_npu.training.arguments not available)"
-        return
-    known = set(mod.known_flags()) if hasattr(mod, "known_flags") else set(getattr(mod, "FLAG_DESTS", {}))
-    refusal_for = getattr(mod, "refusal_for", lambda flag: None)
-    ignored = getattr(mod, "IGNORED", {})
+    known = arguments.known_flags()
     bad = []
     for tok in args:
         flag = tok.split("=", 1)[0]
         if not flag.startswith("--") or flag in already:
             continue
-        if flag in ignored:
-            report.result.notes.append(Finding(line, flag, f"accepted, no effect: {ignored[flag]}"))
+        ignored = ignored_reason(flag)
+        if ignored is not None:
+            report.result.notes.append(Finding(line, flag, f"accepted, no effect: {ignored}"))
         if flag in known:
             continue
         bad.append(flag)
@@ -208,8 +191,8 @@ def check_flags(args: list[str], line: int | None, world_size: int | None, repor
         report.checks["flags"] = "not accepted: " + " ".join(bad)
         return
     try:
-        mod.parse_args(list(args), world_size=world_size, check_paths=False)
-    except mod.ConfigError as exc:
+        arguments.parse_args(list(args), world_size=world_size, check_paths=False)
+    except ConfigError as exc:
         report.result.unsupported.append(Finding(line, "pretrain_gpt.py arguments", str(exc)))
         report.checks["flags"] = "rejected: " + str(exc)
         return
@@ -221,7 +204,7 @@ def check_flags(args: list[str], line: int | None, world_size: int | None, repor
 
 
 def migrate_text(text: str, kind: str, *, force: bool = False, npus_per_node: int = 8,
-                 npu_dir: str = DEFAULT_NPU_DIR, name: str = "<text>") -> Report:
+                 npu_dir: str = DEFAULT_NPU_DIR, name: str = "<text>", keep_entry_point: bool = False) -> Report:
     if kind == "yaml":
         from .yamlcfg import flatten, migrate_yaml
 
@@ -233,7 +216,7 @@ def migrate_text(text: str, kind: str, *, force: bool = False, npus_per_node: in
         err = bash_syntax(text)
         if err:
             raise InputError(f"{name}: not valid bash (bash -n): {err}")
-        result = migrate_bash(text, force=force, npu_dir=npu_dir)
+        result = migrate_bash(text, force=force, npu_dir=npu_dir, keep_entry_point=keep_entry_point)
     report = Report(input=name, kind=kind, result=result)
     err = yaml_syntax(result.text) if kind == "yaml" else bash_syntax(result.text)
     report.checks["syntax"] = "ok" if err is None else "failed: " + err
@@ -288,7 +271,10 @@ def migrate_text(text: str, kind: str, *, force: bool = False, npus_per_node: in
                 world = 1
                 for key in ("tp", "pp", "cp"):
                     world *= _int(settings.get(key)) or 1
-            check_flags(launch.args, launch.line, world, report, refused)
+            if keep_entry_point:  # the user's Megatron-LM parses its own flags; this trainer's parser does not apply
+                report.checks["flags"] = "skipped (--keep-entry-point: Megatron-LM validates its own flags)"
+            else:
+                check_flags(launch.args, launch.line, world, report, refused)
     if result.refused or (report.errors and not force):
         report.verdict = "refused"
     elif result.unsupported or result.forced or report.errors:
@@ -328,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=("auto", "bash", "yaml"), default="auto")
     p.add_argument("--megatron-npu-dir", default=DEFAULT_NPU_DIR,
                    help="default of MEGATRON_NPU_DIR written into the script (default: this checkout)")
+    p.add_argument("--keep-entry-point", action="store_true",
+                   help="keep your own Megatron-LM pretrain_gpt.py: the launcher runs it as -m megatron_npu.run SCRIPT "
+                        "(patched, unmodified) instead of this project's pretrain_gpt.py")
     p.add_argument("--list-rules", action="store_true", help="print the rules and their reasons")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the summary")
     return p
@@ -352,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     kind = detect_kind(args.input, text) if args.kind == "auto" else args.kind
     try:
         report = migrate_text(text, kind, force=args.force, npus_per_node=args.npus_per_node,
-                              npu_dir=args.megatron_npu_dir, name=args.input)
+                              npu_dir=args.megatron_npu_dir, name=args.input,
+                              keep_entry_point=args.keep_entry_point)
     except InputError as exc:
         print(f"megatron-npu migrate: {exc}", file=sys.stderr)
         return 2

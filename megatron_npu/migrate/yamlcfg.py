@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from .bash import Change, Finding, Result, ScanState, split_comment
+from .bash import Change, Finding, Result
+from .bash_parse import ScanState, split_comment
 from .rules import yaml_key_rule
 
 _KEY_RE = re.compile(r"^(\s*)([A-Za-z_]\w*)(\s*:[ \t]*)(\S.*?)?(\s*)$")
@@ -64,15 +65,15 @@ def migrate_yaml(text: str, *, force: bool = False) -> Result:
         code, comment, _ = split_comment(line, ScanState())
         m = _KEY_RE.match(code)
         rule = yaml_key_rule(m.group(2)) if m and m.group(4) else None
-        if rule is None:
-            out.append(line)
+        value = _parse(m.group(4)) if rule is not None else None
+        if rule is None or (not _unset(value) and not rule.concerns(str(value))):
+            out.append(line)  # no rule, a value the trainer accepts, or one a note is not about
             continue
         indent, key, colon, raw, trail = m.groups()
-        value = _parse(raw)
         new_raw = raw
         reason = rule.reason
         if rule.action == "keep":
-            if value not in (None, False, 0, "") and (rule.name != "rmsnorm" or value == "RMSNorm"):
+            if value not in (None, False, 0, ""):
                 res.notes.append(Finding(lineno, f"{key}: {raw}", rule.reason, rule.name))
         elif rule.action == "value":
             old, new = rule.to.split("=")

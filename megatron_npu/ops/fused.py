@@ -2,9 +2,10 @@
 
 The accelerator says which fusions its device has (``fused_ops()``) and hands out the
 kernel (``fused_kernel(key)``); where it has none, the torch function here runs the
-same math as megatron-core's unfused path. ``patches/fused_ops.py`` routes
-megatron-core's rotary embedding and SwiGLU through these on the npu target; the
-RMSNorm module is built by the SP-capable norm on every target.
+same math as megatron-core's unfused path. ``patches/fused_ops.py`` fills
+megatron-core's fused-RoPE slot with ``rotary`` where the device has the kernel (used
+only when the fusion flag is set); the RMSNorm and SwiGLU modules and the fused
+attention are handed out by megatron_npu/ops/spec_provider.py.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
     """silu(first half) * second half of the last dimension (megatron's gated linear unit)."""
     kernel = get_accelerator().fused_kernel("swiglu")
     if kernel is not None:
-        return kernel(x, dim=-1)
+        return kernel(x)
     gate, linear = torch.chunk(x, 2, dim=-1)
     return F.silu(gate) * linear
 
@@ -45,8 +46,19 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     kernel = get_accelerator().fused_kernel("rms_norm")
     if kernel is not None:
-        return kernel(x, weight, epsilon=eps)[0]
+        return kernel(x, weight, eps)
     return F.rms_norm(x, weight.shape, weight, eps)
+
+
+class SwiGLU(torch.nn.Module):
+    """megatron's gated SwiGLU as a module (the MLP's spec'd activation): the device kernel where there is one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu(x)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
+        """No state: megatron's MLP asks every child for its dist-checkpoint shards."""
+        return {}
 
 
 class RMSNorm(torch.nn.RMSNorm):
@@ -63,12 +75,7 @@ def flash_attention(
     sq, batch, heads, head_dim = query.shape
     kernel = get_accelerator().fused_kernel("flash_attention")
     if kernel is not None:
-        # SBH layout, GQA by head counts; True in atten_mask = masked (the upper triangle).
-        mask = torch.triu(torch.ones(sq, key.shape[0], dtype=torch.bool, device=query.device), diagonal=1)
-        return kernel(
-            query.reshape(sq, batch, -1), key.reshape(key.shape[0], batch, -1), value.reshape(value.shape[0], batch, -1),
-            heads, "SBH", atten_mask=mask, scale=softmax_scale, keep_prob=1.0 - dropout_p, next_tockens=0,
-        )[0]  # fmt: skip
+        return kernel(query, key, value, softmax_scale=softmax_scale, dropout_p=dropout_p)
     groups = heads // key.shape[2]
     q = query.permute(1, 2, 0, 3)
     k = key.repeat_interleave(groups, dim=2).permute(1, 2, 0, 3)

@@ -12,6 +12,44 @@ answers, each with a figure, a verdict against a threshold below and advice:
 4. data-loader stall;
 5. gradient-reduction share.
 
+The parts of one rank's iteration and the balance figures are defined in ``DEFINITIONS`` below
+(the report prints them).
+
+AI Core utilisation on Ascend (not measured by the trainer): while training runs, sample each
+card with ``npu-smi info -t usages -i CARD_ID`` (it prints ``Aicore Usage Rate(%) : N``), e.g.
+``while sleep 1; do npu-smi info -t usages -i 0; done > RUN_DIR/npu_smi_card0.txt``; this report
+reads every ``npu_smi*.txt`` in the run/log dir and lists mean / min / max of those lines. The
+output format is taken from Huawei's npu-smi documentation and is not checked here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# ---- thresholds (fractions of the mean iteration time unless said otherwise) -----------------------
+# Exposed communication beyond a quarter of the step: scaling is bandwidth-bound; well-tuned
+# Megatron runs hide most DP traffic and keep TP on the fast intra-node links.
+COMM_SHARE_LIMIT = 0.25
+# Busiest / idlest card: beyond 10 % the fastest cards idle that much every step.
+BALANCE_SPREAD_LIMIT = 1.10
+# Measured bubble may exceed (pp-1)/(v*m+pp-1) by this much (absolute) before it is flagged:
+# send/recv transfer time and jitter count as bubble in the measurement.
+BUBBLE_EXCESS_LIMIT = 0.10
+# A loader that keeps up hides behind compute; 5 % of the step waiting for data is a stall.
+DATA_WAIT_LIMIT = 0.05
+# Gradient reduction is once per step: more than 10 % exposed means it is not overlapped or DP is large.
+GRAD_SYNC_LIMIT = 0.10
+
+# What each part of the iteration breakdown means: printed with every report.
+DEFINITIONS = """\
 Breakdown of one rank's iteration (seconds; every part is measured, ``other`` is the rest, so the
 parts sum to ``iteration_s`` exactly; a negative ``other`` would mean overlapping timers):
 
@@ -35,39 +73,7 @@ parts sum to ``iteration_s`` exactly; a negative ``other`` would mean overlappin
 ``busy`` (point 3) = compute + optimizer: the rank's own work, nothing that waits on a peer or
 the loader. Measured bubble of a stage = pp_wait / forward_backward_s; theoretical 1F1B bubble
 (pp-1)/(m+pp-1), interleaved with v virtual stages (pp-1)/(v*m+pp-1), m = micro-batches.
-
-AI Core utilisation on Ascend (not measured by the trainer): while training runs, sample each
-card with ``npu-smi info -t usages -i CARD_ID`` (it prints ``Aicore Usage Rate(%) : N``), e.g.
-``while sleep 1; do npu-smi info -t usages -i 0; done > RUN_DIR/npu_smi_card0.txt``; this report
-reads every ``npu_smi*.txt`` in the run/log dir and lists mean / min / max of those lines. The
-output format is taken from Huawei's npu-smi documentation and is not checked here.
 """
-
-from __future__ import annotations
-
-import argparse
-import json
-import os
-import re
-import statistics
-import sys
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-
-# ---- thresholds (fractions of the mean iteration time unless said otherwise) -----------------------
-# Exposed communication beyond a quarter of the step: scaling is bandwidth-bound; well-tuned
-# Megatron runs hide most DP traffic and keep TP on the fast intra-node links.
-COMM_SHARE_LIMIT = 0.25
-# Busiest / idlest card: beyond 10 % the fastest cards idle that much every step.
-BALANCE_SPREAD_LIMIT = 1.10
-# Measured bubble may exceed (pp-1)/(v*m+pp-1) by this much (absolute) before it is flagged:
-# send/recv transfer time and jitter count as bubble in the measurement.
-BUBBLE_EXCESS_LIMIT = 0.10
-# A loader that keeps up hides behind compute; 5 % of the step waiting for data is a stall.
-DATA_WAIT_LIMIT = 0.05
-# Gradient reduction is once per step: more than 10 % exposed means it is not overlapped or DP is large.
-GRAD_SYNC_LIMIT = 0.10
 
 PARTS: tuple[tuple[str, str], ...] = (
     ("compute", "compute"),
@@ -218,7 +224,9 @@ def _select_iterations(run: Run, skip: int) -> tuple[list[int], int]:
 
 def _planner(run: Run, intra: float, inter: float) -> tuple[Any, str | None]:
     """The CommPlan of this run on the nodes layout.json recorded, or (None, why not)."""
-    from megatron_npu.layout.planner import LayoutError, ModelSpec, ParallelSpec, plan
+    from megatron_npu.layout.model_shape import ModelShape
+    from megatron_npu.layout.parallel_dims import LayoutError, ParallelDims
+    from megatron_npu.layout.planner import ModelSpec, ParallelSpec, plan
     from megatron_npu.layout.rankmap import RankEntry, RankMap
 
     a, lay = run.args, run.layout
@@ -239,27 +247,24 @@ def _planner(run: Run, intra: float, inter: float) -> tuple[Any, str | None]:
     per_node: dict[int, int] = {}
     for node in nodes.values():
         per_node[node] = per_node.get(node, 0) + 1
-    tp, pp, cp = (int(a.get(k) or 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"))
-    dp = int(a.get("data_parallel_size") or world // (tp * pp * cp))
-    vpp = a.get("virtual_pipeline_model_parallel_size")
     ranks = [RankEntry(rank=int(e["rank"]), node=int(e["node"]), local_rank=int(e.get("local_rank", 0)), tp_rank=int(e["tp_rank"]),
                        pp_rank=int(e["pp_rank"]), dp_rank=int(e["dp_rank"]), cp_rank=int(e.get("cp_rank", 0)))
              for e in entries]  # fmt: skip
-    rmap = ObservedRankMap(world, len(per_node), max(per_node.values()), tp, pp, cp, 1, dp, vpp, ranks, groups)
     dtype = "bf16" if a.get("bf16") else "fp16" if a.get("fp16") else "fp32"
     try:
-        model = ModelSpec(
-            num_layers=int(a["num_layers"]), hidden_size=int(a["hidden_size"]),
-            num_attention_heads=int(a["num_attention_heads"]), seq_length=int(a["seq_length"]),
-            micro_batch_size=int(a["micro_batch_size"]), global_batch_size=int(a["global_batch_size"]),
-            vocab_size=int(a.get("padded_vocab_size") or a["vocab_size"]), ffn_hidden_size=a.get("ffn_hidden_size"),
-            num_query_groups=a.get("num_query_groups"), kv_channels=a.get("kv_channels"), swiglu=bool(a.get("swiglu")),
+        # the run's own layout and shape objects, from its args.json (no placement rule: the run ran)
+        dims = ParallelDims.from_args(a, world)
+        rmap = ObservedRankMap(world, len(per_node), max(per_node.values()), dims.tp, dims.pp, dims.cp, 1, dims.dp,
+                               dims.vpp, ranks, groups)  # fmt: skip
+        shape = ModelShape.from_args({**a, "vocab_size": a.get("padded_vocab_size") or a["vocab_size"]})
+        model = ModelSpec.from_shape(
+            shape, seq_length=int(a["seq_length"]), micro_batch_size=int(a["micro_batch_size"]),
+            global_batch_size=int(a["global_batch_size"]),
             untie_embeddings_and_output_weights=bool(a.get("untie_embeddings_and_output_weights")),
             add_bias_linear=a.get("add_bias_linear", True) is not False,
             normalization=a.get("normalization") or "LayerNorm",
             position_embedding_type=a.get("position_embedding_type") or "learned_absolute",
-            max_position_embeddings=a.get("max_position_embeddings"),
-            make_vocab_size_divisible_by=int(a.get("make_vocab_size_divisible_by") or 128), params_dtype=dtype,
+            max_position_embeddings=a.get("max_position_embeddings"), params_dtype=dtype,
             grad_reduce_in_fp32=a.get("accumulate_allreduce_grads_in_fp32"),
         )  # fmt: skip
         par = ParallelSpec(
@@ -305,68 +310,175 @@ def _verdict(flagged: bool) -> str:
     return "FLAGGED" if flagged else "ok"
 
 
-def analyse(run: Run, skip: int = 1, intra_gbps: float | None = None, inter_gbps: float | None = None) -> dict[str, Any]:
-    from megatron_npu.layout.planner import HCCS_GBPS, ROCE_GBPS
+# One typed result per step of the analysis; ``analyse`` joins them into the report dict the
+# renderers and --json read (field order = the JSON's key order).
+@dataclass
+class RankSummary:
+    """One rank's means over the selected iterations."""
 
-    intra = intra_gbps or HCCS_GBPS
-    inter = inter_gbps or ROCE_GBPS
-    a = run.args
+    rank: int
+    node: int
+    host: str | None
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    iteration_s: float
+    parts: dict[str, float]
+    forward_backward_s: float
+    busy_s: float
+    comm_s: float
+    num_microbatches: int | None
+    comm_groups: dict[str, dict[str, float]]
+
+
+@dataclass
+class CommunicationCheck:
+    figure: float
+    max_rank_share: float
+    per_rank_share: dict[int, float]
+    by_dimension_s: dict[str, float]
+    by_dimension_share: dict[str, float]
+    threshold: float
+    verdict: str
+    measured_tp: bool
+    advice: list[str]
+
+
+@dataclass
+class TrafficCheck:
+    nodes: int
+    dimensions: dict[str, dict[str, Any]]
+    crossing_groups: dict[str, list[list[int]]]
+    tp_crossing: list[list[int]]
+    grad_sync_crossing: list[list[int]]
+    threshold: str
+    verdict: str
+    plan_error: str | None
+    assumed_gbps: dict[str, float]
+    est_comm_s: dict[int, float] | None
+    advice: list[str]
+
+
+@dataclass
+class BalanceCheck:
+    busy_definition: str
+    busy_s: dict[int, float]
+    rank_spread: float | None
+    stages: dict[int, dict[str, float]]
+    stage_spread: float | None
+    bubble_formula: str
+    pp: int
+    vpp: int
+    microbatches: int
+    bubble_theoretical: float
+    bubble_measured_worst: float
+    threshold: dict[str, float]
+    verdict: str
+    advice: list[str]
+    npu_smi_aicore_pct: dict[str, dict[str, float]] | None = None  # only when npu-smi samples exist
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.npu_smi_aicore_pct is None:
+            del out["npu_smi_aicore_pct"]
+        return out
+
+
+@dataclass
+class DataLoaderCheck:
+    figure: float
+    worst_rank: int
+    wait_s_per_iteration: dict[int, float]
+    share: dict[int, float]
+    threshold: float
+    verdict: str
+    advice: list[str]
+
+
+@dataclass
+class GradReductionCheck:
+    figure: float
+    worst_rank: int
+    grad_reduce_s: dict[int, float]
+    share: dict[int, float]
+    dp: int
+    threshold: float
+    verdict: str
+    advice: list[str]
+
+
+@dataclass
+class RunShape:
+    """What the checks need of the run's layout: degrees and micro-batches per step."""
+
+    tp: int
+    pp: int
+    dp: int
+    vpp: int  # 1 without interleaving
+    microbatches: int
+    nnodes: int
+
+
+def summarise_ranks(run: Run, iterations: list[int]) -> tuple[list[RankSummary], dict[int, dict[str, float]]]:
+    """Per-rank means over ``iterations``, and the per-iteration mean over ranks (for the plot)."""
     info = _ranks_info(run)
-    iterations, skip = _select_iterations(run, skip)
-    level2 = all("comm" in r for lines in run.records.values() for r in lines if r["iteration"] in iterations)
-    per_rank: dict[int, dict[str, Any]] = {}
+    ranks: list[RankSummary] = []
     per_iteration: dict[int, dict[str, float]] = {}
     for rank in sorted(run.records):
         lines = [r for r in run.records[rank] if r["iteration"] in iterations]
         parts = [breakdown(r) for r in lines]
         mean = {key: _mean([p[key] for p in parts]) for key, _ in PARTS}
-        it = _mean([float(r["iteration_s"]) for r in lines])
         comm_groups: dict[str, dict[str, float]] = {}
         for r in lines:
             for label, s in r.get("comm", {}).items():
                 d = comm_groups.setdefault(label, {"calls": 0.0, "bytes": 0.0, "seconds": 0.0})
                 for k in d:
                     d[k] += float(s.get(k, 0.0)) / len(lines)
-        per_rank[rank] = {
-            "rank": rank, "node": info[rank].get("node", 0), "host": info[rank].get("host"),
-            "tp_rank": info[rank].get("tp_rank", 0), "pp_rank": info[rank].get("pp_rank", 0),
-            "dp_rank": info[rank].get("dp_rank", 0), "iteration_s": it, "parts": mean,
-            "forward_backward_s": _mean([float(r.get("forward_backward_s", 0.0)) for r in lines]),
-            "busy_s": mean["compute"] + mean["optimizer"],
-            "comm_s": sum(mean[p] for p in COMM_PARTS),
-            "num_microbatches": lines[0].get("num_microbatches") if lines else None,
-            "comm_groups": comm_groups,
-        }  # fmt: skip
+        ranks.append(RankSummary(
+            rank=rank, node=info[rank].get("node", 0), host=info[rank].get("host"),
+            tp_rank=info[rank].get("tp_rank", 0), pp_rank=info[rank].get("pp_rank", 0),
+            dp_rank=info[rank].get("dp_rank", 0), iteration_s=_mean([float(r["iteration_s"]) for r in lines]),
+            parts=mean, forward_backward_s=_mean([float(r.get("forward_backward_s", 0.0)) for r in lines]),
+            busy_s=mean["compute"] + mean["optimizer"], comm_s=sum(mean[p] for p in COMM_PARTS),
+            num_microbatches=lines[0].get("num_microbatches") if lines else None, comm_groups=comm_groups,
+        ))  # fmt: skip
         for r, p in zip(lines, parts, strict=True):
             acc = per_iteration.setdefault(r["iteration"], {key: 0.0 for key, _ in PARTS} | {"iteration_s": 0.0})
             for key in p:
                 acc[key] += p[key] / len(run.records)
             acc["iteration_s"] += float(r["iteration_s"]) / len(run.records)
-    ranks = list(per_rank.values())
-    mean_it = _mean([r["iteration_s"] for r in ranks])
-    parts_mean = {key: _mean([r["parts"][key] for r in ranks]) for key, _ in PARTS}
-    # the measured parts (all but the remainder 'other') against the measured iteration, worst rank
-    add_up = max(abs(r["parts"]["other"]) / r["iteration_s"] for r in ranks if r["iteration_s"] > 0)
-    metrics_it = [m["iteration_s"] for m in run.metrics if m.get("iteration") in iterations and "iteration_s" in m]
+    return ranks, per_iteration
 
-    tp, pp = int(a.get("tensor_model_parallel_size") or 1), int(a.get("pipeline_model_parallel_size") or 1)
-    dp = int(a.get("data_parallel_size") or 1)
-    vpp = int(a.get("virtual_pipeline_model_parallel_size") or 1)
-    m = next((r["num_microbatches"] for r in ranks if r["num_microbatches"]), None) or max(
-        1, int(a.get("global_batch_size", 1)) // (int(a.get("micro_batch_size", 1)) * dp)
+
+def run_shape(run: Run, ranks: list[RankSummary]) -> RunShape:
+    """The run's layout from args.json, through the one layout object (ParallelDims)."""
+    from megatron_npu.layout.parallel_dims import LayoutError, ParallelDims
+
+    a = run.args
+    world = int(run.layout.get("world_size") or len(ranks))
+    try:
+        dims = ParallelDims.from_args(a, world)
+    except (LayoutError, TypeError, ValueError) as exc:
+        raise ReportError(f"{run.log_dir / 'args.json'}: {exc}") from None
+    m = next((r.num_microbatches for r in ranks if r.num_microbatches), None) or max(
+        1, int(a.get("global_batch_size", 1)) // (int(a.get("micro_batch_size", 1)) * dims.dp)
     )
+    return RunShape(dims.tp, dims.pp, dims.dp, dims.virtual_stages, m, len({r.node for r in ranks}))
 
-    # 1. communication share
-    shares = {r["rank"]: r["comm_s"] / r["iteration_s"] if r["iteration_s"] else 0.0 for r in ranks}
+
+def communication_check(ranks: list[RankSummary], parts_mean: dict[str, float], mean_it: float,
+                        level2: bool) -> CommunicationCheck:  # fmt: skip
+    """Point 1: exposed communication's share of the iteration, by dimension."""
+    shares = {r.rank: r.comm_s / r.iteration_s if r.iteration_s else 0.0 for r in ranks}
     by_dim = {dim: sum(parts_mean[p] for p in keys) for dim, keys in DIMENSIONS.items()}
     comm_share = _mean(list(shares.values()))
     top = max(by_dim, key=by_dim.get) if by_dim else None
-    advice1 = []
+    advice = []
     if not level2:
-        advice1.append("TP collectives are counted inside compute at --timing-log-level 1: rerun with 2 to split them out.")
+        advice.append("TP collectives are counted inside compute at --timing-log-level 1: rerun with 2 to split them out.")
     if comm_share > COMM_SHARE_LIMIT:
-        advice1.append(f"largest exposed dimension: {top} ({by_dim[top] / mean_it:.0%} of the step).")
-        advice1 += {
+        advice.append(f"largest exposed dimension: {top} ({by_dim[top] / mean_it:.0%} of the step).")
+        advice += {
             "TP": ["keep TP inside one node (HCCS) and no larger than needed; add --sequence-parallel; "
                    "trade TP for PP/DP if the model fits"],
             "PP": ["PP wait is mostly bubble: raise the micro-batch count (global batch / (micro batch x DP)) "
@@ -378,18 +490,20 @@ def analyse(run: Run, skip: int = 1, intra_gbps: float | None = None, inter_gbps
                                   "rank, look at point 3"],
         }.get(top, [])  # fmt: skip
     else:
-        advice1.append("communication is within budget; re-check at the target scale (more DP ranks, more nodes).")
-    point1 = {
-        "figure": comm_share, "max_rank_share": max(shares.values()), "per_rank_share": shares,
-        "by_dimension_s": by_dim, "by_dimension_share": {k: v / mean_it if mean_it else 0.0 for k, v in by_dim.items()},
-        "threshold": COMM_SHARE_LIMIT, "verdict": _verdict(comm_share > COMM_SHARE_LIMIT),
-        "measured_tp": level2, "advice": advice1,
-    }  # fmt: skip
+        advice.append("communication is within budget; re-check at the target scale (more DP ranks, more nodes).")
+    return CommunicationCheck(
+        figure=comm_share, max_rank_share=max(shares.values()), per_rank_share=shares, by_dimension_s=by_dim,
+        by_dimension_share={k: v / mean_it if mean_it else 0.0 for k, v in by_dim.items()},
+        threshold=COMM_SHARE_LIMIT, verdict=_verdict(comm_share > COMM_SHARE_LIMIT), measured_tp=level2,
+        advice=advice,
+    )  # fmt: skip
 
-    # 2. intra vs inter node
+
+def traffic_check(run: Run, ranks: list[RankSummary], parts_mean: dict[str, float], nnodes: int,
+                  intra: float, inter: float) -> TrafficCheck:  # fmt: skip
+    """Point 2: planned bytes per group (intra / inter node) beside the measured ones; crossing groups."""
     comm_plan, plan_error = _planner(run, intra, inter)
     crossing = _crossing(run)
-    nnodes = len({r["node"] for r in ranks})
     dims: dict[str, dict[str, Any]] = {}
     if comm_plan is not None:
         for rp in comm_plan.ranks:
@@ -399,7 +513,7 @@ def analyse(run: Run, skip: int = 1, intra_gbps: float | None = None, inter_gbps
                 d["wire_intra"] += v["wire_intra"] / len(comm_plan.ranks)
                 d["wire_inter"] += v["wire_inter"] / len(comm_plan.ranks)
     for r in ranks:
-        for label, v in r["comm_groups"].items():
+        for label, v in r.comm_groups.items():
             d = dims.setdefault(label, {"planned_bytes": None, "wire_intra": None, "wire_inter": None})
             d["measured_bytes"] = d.get("measured_bytes", 0.0) + v["bytes"] / len(ranks)
             d["measured_s"] = d.get("measured_s", 0.0) + v["seconds"] / len(ranks)
@@ -413,38 +527,41 @@ def analyse(run: Run, skip: int = 1, intra_gbps: float | None = None, inter_gbps
         d["crosses_nodes"] = bool(crossing.get(label)) if label != "dist_opt" else nnodes > 1  # dist_opt: every rank
     tp_cross = [g for g in crossing.get("tp", []) if len(g) > 1]
     dp_cross = [g for g in crossing.get("dp_cp", []) if len(g) > 1]
-    flagged2 = bool(tp_cross or dp_cross)
-    advice2 = []
+    flagged = bool(tp_cross or dp_cross)
+    advice = []
     if tp_cross:
-        advice2.append(f"TP group {tp_cross[0]} spans nodes: TP communicates every layer; make TP divide the ranks "
-                       "per node (ranks of a TP group are contiguous) so it stays on HCCS.")  # fmt: skip
+        advice.append(f"TP group {tp_cross[0]} spans nodes: TP communicates every layer; make TP divide the ranks "
+                      "per node (ranks of a TP group are contiguous) so it stays on HCCS.")  # fmt: skip
     if dp_cross:
-        advice2.append(f"DP gradient-sync group {dp_cross[0]} spans nodes: its reduce runs at inter-node "
-                       "(RoCE) speed. Put PP across nodes before DP (raise PP / TP inside a node so DP "
-                       "groups shrink), and hide what remains with --overlap-grad-reduce and "
-                       "--use-distributed-optimizer.")  # fmt: skip
-    if crossing.get("pp") and not flagged2:
-        advice2.append("PP crosses nodes: fine, p2p is low-frequency; keep it that way.")
-    if not advice2:
-        advice2.append("all traffic is intra-node." if nnodes == 1 else "high-frequency groups stay inside nodes.")
-    point2 = {
-        "nodes": nnodes, "dimensions": dims, "crossing_groups": {k: v for k, v in crossing.items() if v},
-        "tp_crossing": tp_cross, "grad_sync_crossing": dp_cross,
-        "threshold": "no TP or DP gradient-sync group spans nodes", "verdict": _verdict(flagged2),
-        "plan_error": plan_error, "assumed_gbps": {"intra": intra, "inter": inter},
-        "est_comm_s": ({rp.rank: comm_plan.time_s(rp.rank) for rp in comm_plan.ranks} if comm_plan else None),
-        "advice": advice2,
-    }  # fmt: skip
+        advice.append(f"DP gradient-sync group {dp_cross[0]} spans nodes: its reduce runs at inter-node "
+                      "(RoCE) speed. Put PP across nodes before DP (raise PP / TP inside a node so DP "
+                      "groups shrink), and hide what remains with --overlap-grad-reduce and "
+                      "--use-distributed-optimizer.")  # fmt: skip
+    if crossing.get("pp") and not flagged:
+        advice.append("PP crosses nodes: fine, p2p is low-frequency; keep it that way.")
+    if not advice:
+        advice.append("all traffic is intra-node." if nnodes == 1 else "high-frequency groups stay inside nodes.")
+    return TrafficCheck(
+        nodes=nnodes, dimensions=dims, crossing_groups={k: v for k, v in crossing.items() if v},
+        tp_crossing=tp_cross, grad_sync_crossing=dp_cross,
+        threshold="no TP or DP gradient-sync group spans nodes", verdict=_verdict(flagged),
+        plan_error=plan_error, assumed_gbps={"intra": intra, "inter": inter},
+        est_comm_s=({rp.rank: comm_plan.time_s(rp.rank) for rp in comm_plan.ranks} if comm_plan else None),
+        advice=advice,
+    )  # fmt: skip
 
-    # 3. balance and bubble
-    busy = {r["rank"]: r["busy_s"] for r in ranks}
+
+def balance_check(run: Run, ranks: list[RankSummary], shape: RunShape) -> BalanceCheck:
+    """Point 3: busy time per rank and stage, and the measured pipeline bubble against theory."""
+    pp, vpp, m = shape.pp, shape.vpp, shape.microbatches
+    busy = {r.rank: r.busy_s for r in ranks}
     stages: dict[int, dict[str, float]] = {}
-    for s in sorted({r["pp_rank"] for r in ranks}):
-        members = [r for r in ranks if r["pp_rank"] == s]
-        fb = _mean([r["forward_backward_s"] for r in members])
+    for s in sorted({r.pp_rank for r in ranks}):
+        members = [r for r in ranks if r.pp_rank == s]
+        fb = _mean([r.forward_backward_s for r in members])
         stages[s] = {
-            "busy_s": _mean([r["busy_s"] for r in members]),
-            "bubble_measured": _mean([r["parts"]["pp_wait"] for r in members]) / fb if fb else 0.0,
+            "busy_s": _mean([r.busy_s for r in members]),
+            "bubble_measured": _mean([r.parts["pp_wait"] for r in members]) / fb if fb else 0.0,
         }
     theory = (pp - 1) / (vpp * m + pp - 1) if pp > 1 else 0.0
     rank_spread = _spread(list(busy.values()))
@@ -452,93 +569,119 @@ def analyse(run: Run, skip: int = 1, intra_gbps: float | None = None, inter_gbps
     worst_bubble = max((s["bubble_measured"] for s in stages.values()), default=0.0) if pp > 1 else 0.0
     imbalance = rank_spread is not None and rank_spread > BALANCE_SPREAD_LIMIT
     bubble_flag = pp > 1 and worst_bubble > theory + BUBBLE_EXCESS_LIMIT
-    advice3 = []
+    advice = []
     if stage_spread is not None and stage_spread > BALANCE_SPREAD_LIMIT and pp > 1:
         heavy = max(stages, key=lambda s: stages[s]["busy_s"])
-        advice3.append(f"stage {heavy} is the busiest ({stage_spread:.2f}x the idlest): the first stage holds the "
-                       "embedding, the last the output layer and loss; with a large vocabulary prefer more layers per "
-                       "stage (fewer PP stages) or virtual stages (--num-layers-per-virtual-pipeline-stage); uneven "
-                       "splits (Megatron-LM's --decoder-first/last-pipeline-num-layers) are not supported by "
-                       "pretrain_gpt.py yet.")  # fmt: skip
+        advice.append(f"stage {heavy} is the busiest ({stage_spread:.2f}x the idlest): the first stage holds the "
+                      "embedding, the last the output layer and loss; with a large vocabulary prefer more layers per "
+                      "stage (fewer PP stages) or virtual stages (--num-layers-per-virtual-pipeline-stage); uneven "
+                      "splits (Megatron-LM's --decoder-first/last-pipeline-num-layers) are not supported by "
+                      "pretrain_gpt.py yet.")  # fmt: skip
     elif imbalance:
-        advice3.append("ranks of one stage differ: a slow or shared card/host (check npu-smi for throttling, "
-                       "other jobs, CPU binding) or uneven data.")  # fmt: skip
+        advice.append("ranks of one stage differ: a slow or shared card/host (check npu-smi for throttling, "
+                      "other jobs, CPU binding) or uneven data.")  # fmt: skip
     if bubble_flag:
-        advice3.append(f"bubble {worst_bubble:.0%} vs theory {theory:.0%}: more micro-batches per step (m={m}) "
-                       "or virtual pipeline stages cut it; excess over theory is stage imbalance or slow p2p.")  # fmt: skip
-    if not advice3:
-        advice3.append("cards are evenly loaded.")
-    point3 = {
-        "busy_definition": "compute + optimizer (forward+backward compute minus data wait and TP comm, plus the optimizer step)",
-        "busy_s": busy, "rank_spread": rank_spread, "stages": stages, "stage_spread": stage_spread,
-        "bubble_formula": "(pp-1)/(v*m+pp-1)", "pp": pp, "vpp": vpp, "microbatches": m, "bubble_theoretical": theory,
-        "bubble_measured_worst": worst_bubble,
-        "threshold": {"spread": BALANCE_SPREAD_LIMIT, "bubble_excess": BUBBLE_EXCESS_LIMIT},
-        "verdict": _verdict(imbalance or bubble_flag), "advice": advice3,
-    }  # fmt: skip
-    if run.npu_smi:
-        point3["npu_smi_aicore_pct"] = {k: {"mean": _mean(v), "min": min(v), "max": max(v), "samples": len(v)}
-                                        for k, v in run.npu_smi.items()}  # fmt: skip
+        advice.append(f"bubble {worst_bubble:.0%} vs theory {theory:.0%}: more micro-batches per step (m={m}) "
+                      "or virtual pipeline stages cut it; excess over theory is stage imbalance or slow p2p.")  # fmt: skip
+    if not advice:
+        advice.append("cards are evenly loaded.")
+    npu_smi = ({k: {"mean": _mean(v), "min": min(v), "max": max(v), "samples": len(v)} for k, v in run.npu_smi.items()}
+               if run.npu_smi else None)  # fmt: skip
+    return BalanceCheck(
+        busy_definition="compute + optimizer (forward+backward compute minus data wait and TP comm, plus the optimizer step)",
+        busy_s=busy, rank_spread=rank_spread, stages=stages, stage_spread=stage_spread,
+        bubble_formula="(pp-1)/(v*m+pp-1)", pp=pp, vpp=vpp, microbatches=m, bubble_theoretical=theory,
+        bubble_measured_worst=worst_bubble,
+        threshold={"spread": BALANCE_SPREAD_LIMIT, "bubble_excess": BUBBLE_EXCESS_LIMIT},
+        verdict=_verdict(imbalance or bubble_flag), advice=advice, npu_smi_aicore_pct=npu_smi,
+    )  # fmt: skip
 
-    # 4. data loader
-    wait = {r["rank"]: r["parts"]["data_wait"] for r in ranks}
-    wait_share = {k: v / per_rank[k]["iteration_s"] if per_rank[k]["iteration_s"] else 0.0 for k, v in wait.items()}
-    worst4 = max(wait_share, key=wait_share.get)
-    flagged4 = wait_share[worst4] > DATA_WAIT_LIMIT
-    advice4 = (
-        [f"rank {worst4} waits {wait[worst4] * 1e3:.1f} ms per step ({wait[worst4] / m * 1e3:.1f} ms per micro-batch) "
+
+def data_loader_check(run: Run, ranks: list[RankSummary], m: int) -> DataLoaderCheck:
+    """Point 4: the worst rank's wait for data, as a share of its iteration."""
+    a = run.args
+    iteration = {r.rank: r.iteration_s for r in ranks}
+    wait = {r.rank: r.parts["data_wait"] for r in ranks}
+    share = {k: v / iteration[k] if iteration[k] else 0.0 for k, v in wait.items()}
+    worst = max(share, key=share.get)
+    flagged = share[worst] > DATA_WAIT_LIMIT
+    advice = (
+        [f"rank {worst} waits {wait[worst] * 1e3:.1f} ms per step ({wait[worst] / m * 1e3:.1f} ms per micro-batch) "
          f"for data: raise --num-workers (now {a.get('num_workers')}), use preprocessed indexed datasets "
          "(megatron-npu preprocess) on local disk, keep tokenisation out of the loop"
          + (f"; --data-loader-delay-ms {a.get('data_loader_delay_ms')} is set (test option)" if a.get("data_loader_delay_ms") else "")]
-        if flagged4 else ["the loader keeps up."]
+        if flagged else ["the loader keeps up."]
     )  # fmt: skip
-    point4 = {
-        "figure": wait_share[worst4], "worst_rank": worst4, "wait_s_per_iteration": wait, "share": wait_share,
-        "threshold": DATA_WAIT_LIMIT, "verdict": _verdict(flagged4), "advice": advice4,
-    }  # fmt: skip
+    return DataLoaderCheck(figure=share[worst], worst_rank=worst, wait_s_per_iteration=wait, share=share,
+                           threshold=DATA_WAIT_LIMIT, verdict=_verdict(flagged), advice=advice)  # fmt: skip
 
-    # 5. gradient reduction
-    grad = {r["rank"]: r["parts"]["grad_sync"] + r["parts"]["param_gather"] for r in ranks}
-    grad_share = {k: v / per_rank[k]["iteration_s"] if per_rank[k]["iteration_s"] else 0.0 for k, v in grad.items()}
-    worst5 = max(grad_share, key=grad_share.get)
-    flagged5 = grad_share[worst5] > GRAD_SYNC_LIMIT
-    advice5 = []
+
+def grad_reduction_check(run: Run, ranks: list[RankSummary], shape: RunShape, dp_cross: bool) -> GradReductionCheck:
+    """Point 5: DP gradient reduction plus the param all-gather, as a share of the iteration."""
+    a, dp, m = run.args, shape.dp, shape.microbatches
+    iteration = {r.rank: r.iteration_s for r in ranks}
+    grad = {r.rank: r.parts["grad_sync"] + r.parts["param_gather"] for r in ranks}
+    share = {k: v / iteration[k] if iteration[k] else 0.0 for k, v in grad.items()}
+    worst = max(share, key=share.get)
+    flagged = share[worst] > GRAD_SYNC_LIMIT
+    advice = []
     if dp == 1:
-        advice5.append("DP=1: no replicas to reduce over; the figure is the local finalize cost.")
-    if flagged5 or dp > 1:
+        advice.append("DP=1: no replicas to reduce over; the figure is the local finalize cost.")
+    if flagged or dp > 1:
         if not a.get("overlap_grad_reduce"):
-            advice5.append("--overlap-grad-reduce: reduce buckets during backward instead of after it.")
+            advice.append("--overlap-grad-reduce: reduce buckets during backward instead of after it.")
         else:
-            advice5.append(f"--ddp-bucket-size (now {a.get('ddp_bucket_size') or 'default max(40M, 1M x DP) elements'}): "
-                           "smaller buckets start reducing earlier; too small costs per-call latency.")  # fmt: skip
+            advice.append(f"--ddp-bucket-size (now {a.get('ddp_bucket_size') or 'default max(40M, 1M x DP) elements'}): "
+                          "smaller buckets start reducing earlier; too small costs per-call latency.")  # fmt: skip
         if not a.get("use_distributed_optimizer"):
-            advice5.append("--use-distributed-optimizer: reduce-scatter + all-gather instead of all-reduce, "
-                           "optimizer state sharded over DP (add --overlap-param-gather).")  # fmt: skip
-        advice5.append(f"more micro-batches per step (m={m}: raise --global-batch-size or lower --micro-batch-size) "
-                       "amortise the once-per-step reduction; gradient compression / less frequent sync for very large DP.")  # fmt: skip
+            advice.append("--use-distributed-optimizer: reduce-scatter + all-gather instead of all-reduce, "
+                          "optimizer state sharded over DP (add --overlap-param-gather).")  # fmt: skip
+        advice.append(f"more micro-batches per step (m={m}: raise --global-batch-size or lower --micro-batch-size) "
+                      "amortise the once-per-step reduction; gradient compression / less frequent sync for very large DP.")  # fmt: skip
         if dp_cross:
-            advice5.append("the gradient-sync group crosses nodes (point 2): that reduce is bound by inter-node bandwidth.")
-    if not advice5:
-        advice5.append("gradient reduction is cheap.")
-    point5 = {
-        "figure": grad_share[worst5], "worst_rank": worst5, "grad_reduce_s": grad, "share": grad_share, "dp": dp,
-        "threshold": GRAD_SYNC_LIMIT, "verdict": _verdict(flagged5), "advice": advice5,
-    }  # fmt: skip
+            advice.append("the gradient-sync group crosses nodes (point 2): that reduce is bound by inter-node bandwidth.")
+    if not advice:
+        advice.append("gradient reduction is cheap.")
+    return GradReductionCheck(figure=share[worst], worst_rank=worst, grad_reduce_s=grad, share=share, dp=dp,
+                              threshold=GRAD_SYNC_LIMIT, verdict=_verdict(flagged), advice=advice)  # fmt: skip
 
+
+def analyse(run: Run, skip: int = 1, intra_gbps: float | None = None, inter_gbps: float | None = None) -> dict[str, Any]:
+    """The report as a dict (what --json prints and the renderers read): the named steps above, joined."""
+    from megatron_npu.layout.planner import HCCS_GBPS, ROCE_GBPS
+
+    intra = intra_gbps or HCCS_GBPS
+    inter = inter_gbps or ROCE_GBPS
+    iterations, skip = _select_iterations(run, skip)
+    level2 = all("comm" in r for lines in run.records.values() for r in lines if r["iteration"] in iterations)
+    ranks, per_iteration = summarise_ranks(run, iterations)
+    shape = run_shape(run, ranks)
+    mean_it = _mean([r.iteration_s for r in ranks])
+    parts_mean = {key: _mean([r.parts[key] for r in ranks]) for key, _ in PARTS}
+    # the measured parts (all but the remainder 'other') against the measured iteration, worst rank
+    add_up = max(abs(r.parts["other"]) / r.iteration_s for r in ranks if r.iteration_s > 0)
+    metrics_it = [m["iteration_s"] for m in run.metrics if m.get("iteration") in iterations and "iteration_s" in m]
+    traffic = traffic_check(run, ranks, parts_mean, shape.nnodes, intra, inter)
+    checks = {
+        "communication": asdict(communication_check(ranks, parts_mean, mean_it, level2)),
+        "traffic": asdict(traffic),
+        "balance": balance_check(run, ranks, shape).to_json(),
+        "data_loader": asdict(data_loader_check(run, ranks, shape.microbatches)),
+        "grad_reduction": asdict(grad_reduction_check(run, ranks, shape, bool(traffic.grad_sync_crossing))),
+    }
     return {
         "log_dir": str(run.log_dir),
-        "layout": {"world_size": len(ranks), "nodes": nnodes, "tp": tp, "pp": pp, "dp": dp, "vpp": vpp if vpp > 1 else None,
-                   "cp": int(a.get("context_parallel_size") or 1)},  # fmt: skip
+        "layout": {"world_size": len(ranks), "nodes": shape.nnodes, "tp": shape.tp, "pp": shape.pp, "dp": shape.dp,
+                   "vpp": shape.vpp if shape.vpp > 1 else None, "cp": int(run.args.get("context_parallel_size") or 1)},  # fmt: skip
         "timing_log_level": 2 if level2 else 1,
         "iterations": iterations, "skipped_iterations": skip,
         "parts": [key for key, _ in PARTS], "part_labels": dict(PARTS),
         "mean_iteration_s": mean_it, "mean_parts_s": parts_mean,
         "metrics_iteration_s": _mean(metrics_it) if metrics_it else None,
         "add_up_error": add_up,
-        "ranks": ranks, "per_iteration": {str(k): v for k, v in sorted(per_iteration.items())},
-        "checks": {"communication": point1, "traffic": point2, "balance": point3, "data_loader": point4,
-                   "grad_reduction": point5},
-        "definitions": __doc__.split("Breakdown", 1)[1].split("AI Core", 1)[0].strip(),
+        "ranks": [asdict(r) for r in ranks], "per_iteration": {str(k): v for k, v in sorted(per_iteration.items())},
+        "checks": checks,
+        "definitions": DEFINITIONS.strip(),
     }  # fmt: skip
 
 

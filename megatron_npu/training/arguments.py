@@ -17,13 +17,15 @@ import argparse
 import difflib
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from .refusals import IGNORED, REFUSED, ConfigError, Refusal, _value_str, refusal_for
-from .validation import TOKENIZER_TYPES, validate_args
+# The refused / ignored flags and the tokenizer types are the project's one policy table.
+from ..policy import IGNORED, REFUSED, TOKENIZER_TYPES, ConfigError, FlagPolicy, check_value, refusal_for
+from .validation import validate_args
 
 __all__ = [
-    "FLAG_DESTS", "IGNORED", "REFUSED", "TOKENIZER_TYPES", "ConfigError", "Refusal",
+    "FLAG_DESTS", "IGNORED", "REFUSED", "TOKENIZER_TYPES", "ConfigError", "FlagPolicy",
     "build_parser", "known_flags", "parse_args", "refusal_for", "validate_args",
 ]  # fmt: skip
 
@@ -528,22 +530,35 @@ def _given_flags(argv: list[str]) -> list[str]:
 
 
 def parse_args(
-    argv: list[str] | None = None, *, world_size: int | None = None, check_paths: bool = True
+    argv: list[str] | None = None,
+    *,
+    world_size: int | None = None,
+    check_paths: bool = True,
+    extra_args_provider: Callable[[argparse.ArgumentParser], argparse.ArgumentParser | None] | None = None,
+    args_defaults: dict[str, Any] | None = None,
+    check_target: bool | None = None,
 ) -> argparse.Namespace:
     """Parse Megatron-LM GPT arguments, fill derived values, check the layout; ConfigError on any problem.
 
     ``world_size`` defaults to ``$WORLD_SIZE`` (1 when unset). With ``check_paths`` the data
-    prefixes and tokenizer files must exist.
+    prefixes and tokenizer files must exist. As in Megatron-LM, ``extra_args_provider`` adds the
+    script's own flags to the parser, and ``args_defaults`` fills arguments still unset (None)
+    before validation, so a script's default satisfies a required flag. With ``check_target``
+    (default: ``check_paths``; both check against the machine that runs the job, which the
+    migration tool is not) the accelerator must run ``--distributed-backend``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     given = _given_flags(argv)
+    parser = build_parser()
+    if extra_args_provider is not None:
+        parser = extra_args_provider(parser) or parser
+    flag_dests = _flag_dests(parser) if extra_args_provider is not None else FLAG_DESTS
     for flag in given:
-        if flag in FLAG_DESTS:
+        if flag in flag_dests:
             continue
         row = refusal_for(flag)
         if row is not None:
             raise ConfigError(row.message(flag))
-    parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:
         raise ConfigError(_unrecognized(extra))
@@ -561,9 +576,30 @@ def parse_args(
             args.ignored_flags.append((flag, IGNORED[flag]))
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    _apply_defaults(args, args_defaults)
     _check_value_refusals(args)
     validate_args(args, world_size=world_size, check_paths=check_paths, given=set(given) | set(yaml_flags))
+    if check_paths if check_target is None else check_target:
+        _check_backend(args)
     return args
+
+
+def _check_backend(args: argparse.Namespace) -> None:
+    """The accelerator says which backend runs ``--distributed-backend`` (nccl is the device's own)."""
+    from megatron_npu.accelerator import get_accelerator  # torch: only when checking for this machine
+    from megatron_npu.accelerator.base import UnsupportedBackend
+
+    try:
+        get_accelerator().collective_backend_for(args.distributed_backend)
+    except UnsupportedBackend as error:
+        raise ConfigError(f"--distributed-backend {args.distributed_backend}: {error}") from None
+
+
+def _apply_defaults(args: argparse.Namespace, defaults: dict[str, Any] | None) -> None:
+    """Megatron-LM's ``args_defaults``: a value for every argument the user left unset (None)."""
+    for name, value in (defaults or {}).items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
 
 
 def _unrecognized(extra: list[str]) -> str:
@@ -578,8 +614,5 @@ def _unrecognized(extra: list[str]) -> str:
 
 def _check_value_refusals(args: argparse.Namespace) -> None:
     for row in REFUSED:
-        if row.allowed is None or row.flag not in FLAG_DESTS:
-            continue
-        value = getattr(args, FLAG_DESTS[row.flag])
-        if value is not None and _value_str(value) not in row.allowed:  # None: not given, a default follows
-            raise ConfigError(row.message(row.flag, value))
+        if row.allowed is not None and row.flag in FLAG_DESTS:
+            check_value(row, getattr(args, FLAG_DESTS[row.flag]))  # None: not given, a default follows

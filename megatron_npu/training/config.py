@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from megatron.core.activations import squared_relu
 from megatron.core.distributed import DistributedDataParallelConfig
-from megatron.core.optimizer import OptimizerConfig, get_standard_config_overrides
+from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.utils import openai_gelu
 
@@ -28,7 +28,6 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 CUDA_EXTENSION_FUSIONS = {
     "masked_softmax_fusion": "scaled_masked_softmax_cuda",
     "gradient_accumulation_fusion": "fused_weight_gradient_mlp_cuda",
-    "apply_rope_fusion": "transformer_engine",
 }
 
 
@@ -43,6 +42,20 @@ def available_fusions(args: argparse.Namespace) -> dict[str, bool]:
         name: bool(getattr(args, name, False)) and importlib.util.find_spec(module) is not None
         for name, module in CUDA_EXTENSION_FUSIONS.items()
     }
+
+
+def rope_fusion(args: argparse.Namespace) -> bool:
+    """--no-rope-fusion runs megatron's unfused RoPE math on every target; otherwise the fused
+    kernel runs where one exists: Transformer Engine's, or the device's (patches/fused_ops.py)."""
+    if importlib.util.find_spec("transformer_engine") is not None:
+        return bool(args.apply_rope_fusion)
+    # The device kernel is half-split only (and megatron's config check asks TE for interleaved).
+    return bool(args.apply_rope_fusion) and get_accelerator().has_fused_rotary and not args.rotary_interleaved
+
+
+def device_swiglu_fusion(args: argparse.Namespace) -> bool:
+    """SwiGLU on the device's kernel: --swiglu, fusion not turned off, a kernel on this device."""
+    return bool(args.swiglu and args.bias_swiglu_fusion) and get_accelerator().fused_kernel("swiglu") is not None
 
 
 def _activation(args: argparse.Namespace) -> tuple[Callable, bool]:
@@ -69,12 +82,13 @@ def _optional(args: argparse.Namespace) -> dict:
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
     activation, gated = _activation(args)
     fusions = available_fusions(args)
-    accelerator = get_accelerator()
-    jit_fusion = accelerator.supports_jit_fusion
-    if args.swiglu:  # megatron's fused SwiGLU path: TorchScript, or the device kernel (patches/fused_ops.py)
-        bias_activation_fusion = args.bias_swiglu_fusion and (jit_fusion or accelerator.fused_ops()["swiglu"])
+    # The flags as given; where the TorchScript fuser does not serve the device the patch on
+    # TransformerConfig.__post_init__ (patches/transformer.py) turns the jit fusions off.
+    device_swiglu = device_swiglu_fusion(args)
+    if args.swiglu:  # megatron's fused SwiGLU: the device kernel (the spec's activation module), or TorchScript
+        bias_activation_fusion = args.bias_swiglu_fusion and not device_swiglu
     else:  # bias-GeLU fuses only a bias that exists
-        bias_activation_fusion = args.bias_gelu_fusion and jit_fusion and args.add_bias_linear
+        bias_activation_fusion = args.bias_gelu_fusion and args.add_bias_linear
     dtype = params_dtype(args)
     return TransformerConfig(
         num_layers=args.num_layers,
@@ -92,10 +106,11 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         gated_linear_unit=gated,
         activation_func=activation,
         bias_activation_fusion=bool(bias_activation_fusion),
-        bias_dropout_fusion=args.bias_dropout_fusion and jit_fusion,
+        use_te_activation_func=device_swiglu,  # megatron's seam for a spec'd activation module
+        bias_dropout_fusion=args.bias_dropout_fusion,
         masked_softmax_fusion=fusions["masked_softmax_fusion"],
         gradient_accumulation_fusion=fusions["gradient_accumulation_fusion"],
-        apply_rope_fusion=fusions["apply_rope_fusion"],
+        apply_rope_fusion=rope_fusion(args),
         init_method_std=args.init_method_std,
         apply_residual_connection_post_layernorm=args.apply_residual_connection_post_layernorm,
         apply_query_key_layer_scaling=args.apply_query_key_layer_scaling,
@@ -131,20 +146,6 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         deallocate_pipeline_outputs=True,  # as Megatron-LM; patches/pipeline_parallel.py keeps it off on gloo
         barrier_with_L1_time=False,
     )
-
-
-def optimizer_overrides(config: OptimizerConfig) -> dict:
-    """megatron-core's standard parameter-group overrides (no weight decay on biases and 1-D
-    parameters; --decoupled-lr on the embedding and output weights), with the decoupled group
-    marked ``is_decoupled_lr``. megatron-core 0.16 leaves that flag False, yet matches groups by
-    (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr) when it loads a checkpoint: the
-    decoupled and default groups then share a key, and after a resume every parameter trains on
-    the decoupled schedule, silently."""
-    overrides = get_standard_config_overrides(config=config)
-    for override in overrides.values():
-        if "max_lr" in override:  # the one override megatron adds for the decoupled LR
-            override["is_decoupled_lr"] = True
-    return overrides
 
 
 def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:

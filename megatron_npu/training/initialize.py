@@ -30,7 +30,8 @@ def initialize_distributed(args: argparse.Namespace) -> None:
         accelerator.set_device(local_rank % accelerator.device_count())
     if not dist.is_initialized():
         dist.init_process_group(
-            backend=accelerator.communication_backend,
+            # --distributed-backend through the accelerator (parse_args refused what it cannot run)
+            backend=accelerator.collective_backend_for(getattr(args, "distributed_backend", None)),
             timeout=timedelta(minutes=args.distributed_timeout_minutes),
         )
     parallel_state.initialize_model_parallel(

@@ -13,7 +13,6 @@ import inspect
 import math
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +27,7 @@ from megatron.core.num_microbatches_calculator import (
     reconfigure_num_microbatches_calculator,
     update_num_microbatches,
 )
-from megatron.core.optimizer import get_megatron_optimizer
+from megatron.core.optimizer import get_megatron_optimizer, get_standard_config_overrides
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
@@ -37,9 +36,10 @@ from megatron.core.utils import get_model_config
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.data.tokenizers import TokenizerError, build_tokenizer
 from megatron_npu.spec import uses_fused_attention
+from megatron_npu.start_errors import report_start_error
 from megatron_npu.training import checkpointing
 from megatron_npu.training.arguments import ConfigError, parse_args
-from megatron_npu.training.config import ddp_config, optimizer_config, optimizer_overrides, params_dtype
+from megatron_npu.training.config import ddp_config, optimizer_config, params_dtype
 from megatron_npu.training.data import (
     build_iterators,
     global_batch_size_at,
@@ -59,18 +59,15 @@ from megatron_npu.training.timing import TimerLog, build_timers
 
 
 def report_config_error(error: Exception) -> int:
-    """One message from rank 0, exit status 2 on every rank: no traceback, no hang."""
-    if int(os.environ.get("RANK", 0)) == 0:
-        sys.stderr.write(f"megatron-npu: error: {error}\n")
-        sys.stderr.flush()
-    return 2
+    """One message whichever rank exits first, exit status 2 on every rank: no traceback, no hang."""
+    return report_start_error(str(error))
 
 
-def setup_args(argv: list[str] | None, args_defaults: dict | None) -> tuple[argparse.Namespace, Any]:
-    args = parse_args(argv)
-    for name, value in (args_defaults or {}).items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
+def setup_args(
+    argv: list[str] | None, args_defaults: dict | None, extra_args_provider: Callable | None = None
+) -> tuple[argparse.Namespace, Any]:
+    # Defaults and extra flags go in before validation, as Megatron-LM's initialize_megatron does.
+    args = parse_args(argv, extra_args_provider=extra_args_provider, args_defaults=args_defaults)
     tokenizer = build_tokenizer(
         args.tokenizer_type,
         tokenizer_model=args.tokenizer_model,
@@ -176,7 +173,7 @@ def wire_model_config(model: list, optimizer: Any, timers: Any, args: argparse.N
 
 def learning_rates(optimizer: Any) -> tuple[float, float | None]:
     """The schedule's current lr and, with --decoupled-lr, the embedding/output layers' one
-    (the groups optimizer_overrides() marks is_decoupled_lr), as Megatron-LM logs them."""
+    (the groups get_standard_config_overrides() marks is_decoupled_lr, patches/optimizer.py), as Megatron-LM logs them."""
     default = decoupled = None
     for group in optimizer.param_groups:
         if not group["params"]:
@@ -226,21 +223,25 @@ class Trainer:
     def _iterator(self, iterators: list) -> Any:
         return iterators if len(self.model) > 1 else iterators[0]
 
+    def _forward_backward(self, iterators: list, num_microbatches: int, *, forward_only: bool) -> list[dict]:
+        """One pass of megatron-core's pipeline schedule over ``num_microbatches`` micro-batches."""
+        return self.forward_backward(
+            forward_step_func=self.forward_step,
+            data_iterator=self._iterator(iterators),
+            model=self.model,
+            num_microbatches=num_microbatches,
+            seq_length=self.args.seq_length,
+            micro_batch_size=self.args.micro_batch_size,
+            decoder_seq_length=self.args.seq_length,
+            forward_only=forward_only,
+        )
+
     def train_step(self, iterators: list) -> tuple[dict[str, torch.Tensor], bool, float | None, int | None]:
         args = self.args
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        reports = self.forward_backward(
-            forward_step_func=self.forward_step,
-            data_iterator=self._iterator(iterators),
-            model=self.model,
-            num_microbatches=get_num_microbatches(),
-            seq_length=args.seq_length,
-            micro_batch_size=args.micro_batch_size,
-            decoder_seq_length=args.seq_length,
-            forward_only=False,
-        )
+        reports = self._forward_backward(iterators, get_num_microbatches(), forward_only=False)
         timers = self.model[0].config.timers
         timers("optimizer", log_level=1).start()
         updated, grad_norm, num_zeros = self.optimizer.step()
@@ -257,16 +258,7 @@ class Trainer:
         num_microbatches = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
         with torch.no_grad():
             for _ in range(args.eval_iters):
-                reports = self.forward_backward(
-                    forward_step_func=self.forward_step,
-                    data_iterator=self._iterator(iterators),
-                    model=self.model,
-                    num_microbatches=num_microbatches,
-                    seq_length=args.seq_length,
-                    micro_batch_size=args.micro_batch_size,
-                    decoder_seq_length=args.seq_length,
-                    forward_only=True,
-                )
+                reports = self._forward_backward(iterators, num_microbatches, forward_only=True)
                 for key, value in _mean_over_microbatches(reports).items():
                     totals[key] = totals.get(key, 0.0) + value.item() / args.eval_iters
                 if count_validation_samples:  # the resumable position of the validation stream
@@ -476,9 +468,9 @@ def pretrain(
     argv: list[str] | None = None,
 ) -> int:
     """Megatron-LM's ``pretrain()`` signature; returns the process exit status."""
-    del model_type, process_non_loss_data_func, extra_args_provider  # GPT only; kept for signature parity
+    del model_type, process_non_loss_data_func  # GPT only; kept for signature parity
     try:
-        args, tokenizer = setup_args(argv, args_defaults)
+        args, tokenizer = setup_args(argv, args_defaults, extra_args_provider)
     except (ConfigError, TokenizerError) as error:
         return report_config_error(error)
     set_global("args", args)
@@ -499,7 +491,9 @@ def pretrain(
 
     model = build_model(model_provider, args)
     opt_config = optimizer_config(args)
-    optimizer = get_megatron_optimizer(opt_config, model, config_overrides=optimizer_overrides(opt_config))
+    # The standard overrides, with the decoupled group marked is_decoupled_lr (patches/optimizer.py).
+    overrides = get_standard_config_overrides(config=opt_config)
+    optimizer = get_megatron_optimizer(opt_config, model, config_overrides=overrides)
     scheduler = build_scheduler(optimizer, args)
     wire_model_config(model, optimizer, timers, args)
     iteration = 0
@@ -523,16 +517,18 @@ def pretrain(
         iteration = train(trainer, iteration, train_iterators, valid_iterators if has_validation else None)
     final_metrics = MetricsWriter(args, _is_last_rank())
     if trainer.exit_reason:  # as Megatron-LM: an exit condition ends the job once the checkpoint is saved
-        finish_wandb()
-        dist.barrier()
-        dist.destroy_process_group()
-        return 0
+        return _teardown()
     if has_validation and not args.skip_train:
         run_evaluation(trainer, valid_iterators, f"at iteration {iteration} on validation set", iteration, final_metrics)
     if has_test:  # Megatron-LM evaluates the test split once, at the end
         run_evaluation(trainer, test_iterators, f"at iteration {iteration} on test set", iteration, final_metrics,
                        split="test")  # fmt: skip
     final_metrics.close()
+    return _teardown()
+
+
+def _teardown() -> int:
+    """The end of every run: the wandb record closed, all ranks past the barrier, groups gone."""
     finish_wandb()
     dist.barrier()
     dist.destroy_process_group()

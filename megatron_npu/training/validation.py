@@ -10,23 +10,23 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from .refusals import ConfigError
+from ..layout.model_shape import ModelShape
+from ..layout.parallel_dims import TRAINER_FLAGS, LayoutError, ParallelDims
+from ..policy import TOKENIZER_TYPES, ConfigError
 
-# The --tokenizer-type values megatron_npu.data.tokenizers.build_tokenizer implements (its
-# TOKENIZER_TYPES); spelled out here so these modules import nothing from the package.
-TOKENIZER_TYPES: tuple[str, ...] = (
-    "NullTokenizer",
-    "SentencePieceTokenizer",
-    "GPTSentencePieceTokenizer",
-    "Llama2Tokenizer",
-    "HuggingFaceTokenizer",
-    "GPT2BPETokenizer",
-)
+T = TypeVar("T")
+
 _SPM_TOKENIZERS = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _layout(build: Callable[..., T], *args: Any) -> T:
+    """Build a layout object, its LayoutError as the trainer's ConfigError (no traceback)."""
+    try:
+        return build(*args)
+    except LayoutError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _split_blend(tokens: list[str]) -> tuple[list[float] | None, list[str]]:
@@ -80,6 +80,41 @@ def validate_args(
     if not hasattr(args, "ignored_flags"):
         args.ignored_flags = []
 
+    _check_unsupported(args)
+    _check_deprecated(args)
+    _derive_constants(args, world_size)
+    _check_model_size(args)
+    _derive_position_embeddings(args)
+
+    # Model shape.
+    if args.swiglu and args.squared_relu:
+        raise ConfigError("--swiglu and --squared-relu are mutually exclusive; pick one")
+    if not args.group_query_attention and "--num-query-groups" in given \
+            and args.num_query_groups != args.num_attention_heads:
+        args.ignored_flags.append(("--num-query-groups", "ignored without --group-query-attention"))
+    # one ModelShape: Megatron-LM's ffn (4h, SwiGLU 8h/3), kv-channel and query-group defaults
+    shape = _layout(ModelShape.from_args, args)
+    args.ffn_hidden_size, args.kv_channels = shape.ffn_hidden_size, shape.kv_channels
+    args.num_query_groups = shape.num_query_groups
+
+    _check_recompute(args)
+    _derive_sequence_parallel(args, warn)
+    _derive_weight_decay(args)
+    _derive_precision(args)
+    _check_schedule(args)
+    _check_saving(args)
+    _check_overlap(args)
+    _derive_data_sources(args, warn)
+    _derive_tokenizer(args)
+    _init_trainer_state(args)
+    _check_layout(args, world_size, shape)
+    if check_paths:
+        _check_paths(args)
+    return args
+
+
+def _check_unsupported(args: argparse.Namespace) -> None:
+    """Flags this trainer refuses in combination (one-line reasons)."""
     if args.spec:
         raise ConfigError("--spec is not supported: this trainer builds the GPT layer spec itself; drop the flag")
     if args.calculate_per_token_loss and args.ddp_average_in_collective:
@@ -89,7 +124,9 @@ def validate_args(
     if args.wandb_project:
         _check_wandb(args)
 
-    # Deprecated Megatron-LM arguments (Megatron-LM asserts the same).
+
+def _check_deprecated(args: argparse.Namespace) -> None:
+    """Deprecated Megatron-LM arguments (Megatron-LM asserts the same); removed from args."""
     for dest, flag, instead in (("batch_size", "--batch-size", "--micro-batch-size"),
                                 ("warmup", "--warmup", "--lr-warmup-fraction or --lr-warmup-iters"),
                                 ("model_parallel_size", "--model-parallel-size", "--tensor-model-parallel-size")):
@@ -101,6 +138,9 @@ def validate_args(
                           "--recompute-granularity and --recompute-method")
     del args.checkpoint_activations
 
+
+def _derive_constants(args: argparse.Namespace, world_size: int) -> None:
+    """Values Megatron-LM code reads from args that this trainer fixes."""
     args.rank = int(os.environ.get("RANK", "0"))
     args.world_size = world_size
     args.use_legacy_models = False
@@ -110,18 +150,22 @@ def validate_args(
     args.expert_tensor_parallel_size = args.tensor_model_parallel_size
     args.no_mmap_bin_files = not args.mmap_bin_files
 
-    # Required model/batch arguments.
+
+def _check_model_size(args: argparse.Namespace) -> None:
+    """Required model/batch arguments, positive."""
     for dest in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size"):
         if getattr(args, dest) is None:
             raise ConfigError(f"--{dest.replace('_', '-')} is required")
-    for dest in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
-                 "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+    # the parallel degrees are checked with the layout (ParallelDims)
+    for dest in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size"):
         if getattr(args, dest) <= 0:
             raise ConfigError(f"--{dest.replace('_', '-')} must be positive, got {getattr(args, dest)}")
     args.encoder_num_layers = args.num_layers
     args.encoder_seq_length = args.seq_length
 
-    # Position embeddings.
+
+def _derive_position_embeddings(args: argparse.Namespace) -> None:
+    """Position embeddings: rope by flag, RoPE fusion only with rope, the max positions."""
     if args.use_rotary_position_embeddings:
         args.position_embedding_type = "rope"
     if not args.add_position_embedding and args.position_embedding_type != "rope":
@@ -135,30 +179,9 @@ def validate_args(
                           f"{args.max_position_embeddings} (learned absolute position embeddings); raise "
                           "--max-position-embeddings or lower --seq-length")
 
-    # Model shape.
-    if args.swiglu and args.squared_relu:
-        raise ConfigError("--swiglu and --squared-relu are mutually exclusive; pick one")
-    if args.ffn_hidden_size is None:
-        if args.swiglu:
-            # Megatron-LM: keep the parameter count of a 4h MLP, rounded down to a multiple of 64.
-            args.ffn_hidden_size = int((4 * args.hidden_size * 2 / 3) / 64) * 64
-        else:
-            args.ffn_hidden_size = 4 * args.hidden_size
-    if args.kv_channels is None:
-        if args.hidden_size % args.num_attention_heads != 0:
-            raise ConfigError(f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads "
-                              f"{args.num_attention_heads}; change one, or set --kv-channels")
-        args.kv_channels = args.hidden_size // args.num_attention_heads
-    if args.group_query_attention:
-        if args.num_query_groups <= 0 or args.num_attention_heads % args.num_query_groups != 0:
-            raise ConfigError(f"--num-attention-heads {args.num_attention_heads} is not divisible by "
-                              f"--num-query-groups {args.num_query_groups}")
-    else:
-        if "--num-query-groups" in given and args.num_query_groups != args.num_attention_heads:
-            args.ignored_flags.append(("--num-query-groups", "ignored without --group-query-attention"))
-        args.num_query_groups = args.num_attention_heads
 
-    # Activation recomputation (Megatron-LM validate_args + TransformerConfig checks).
+def _check_recompute(args: argparse.Namespace) -> None:
+    """Activation recomputation (Megatron-LM validate_args + TransformerConfig checks)."""
     if args.recompute_activations:
         args.recompute_granularity = "selective"
     del args.recompute_activations
@@ -175,13 +198,17 @@ def validate_args(
             raise ConfigError("--distribute-saved-activations needs --tensor-model-parallel-size > 1 and "
                               "--recompute-granularity full")
 
-    # Sequence parallelism is off when TP is 1 (Megatron-LM warns and turns it off).
+
+def _derive_sequence_parallel(args: argparse.Namespace, warn: list[str]) -> None:
+    """Sequence parallelism is off when TP is 1 (Megatron-LM warns and turns it off)."""
     if args.tensor_model_parallel_size == 1:
         if args.sequence_parallel:
             warn.append("--sequence-parallel turned off: --tensor-model-parallel-size is 1")
         args.sequence_parallel = False
 
-    # Weight decay schedule.
+
+def _derive_weight_decay(args: argparse.Namespace) -> None:
+    """The weight-decay schedule's start and end."""
     if args.weight_decay_incr_style == "constant":
         if args.start_weight_decay is not None or args.end_weight_decay is not None:
             raise ConfigError("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear|cosine")
@@ -191,7 +218,9 @@ def validate_args(
         raise ConfigError(f"--weight-decay-incr-style {args.weight_decay_incr_style} needs --start-weight-decay "
                           "and --end-weight-decay")
 
-    # Mixed precision.
+
+def _derive_precision(args: argparse.Namespace) -> None:
+    """Mixed precision: params dtype, grad-reduce dtype, the fusions and biases that follow."""
     if args.fp16 and args.bf16:
         raise ConfigError("--fp16 and --bf16 are mutually exclusive; pick one (--bf16 on Ascend)")
     args.params_dtype = "float32"
@@ -217,7 +246,9 @@ def validate_args(
     if args.add_bias_linear:
         args.add_qkv_bias = True
 
-    # Training length and learning-rate schedule.
+
+def _check_schedule(args: argparse.Namespace) -> None:
+    """Training length and learning-rate schedule: iteration- or sample-based, consistently."""
     if args.train_iters is not None and args.train_samples is not None:
         raise ConfigError("--train-iters and --train-samples are mutually exclusive; give one")
     if args.train_iters is None and args.train_samples is None and not args.skip_train:
@@ -251,20 +282,28 @@ def validate_args(
             raise ConfigError("--lr-decay-style WSD needs --lr-wsd-decay-iters")
         if args.train_samples and args.lr_wsd_decay_samples is None:
             raise ConfigError("--lr-decay-style WSD needs --lr-wsd-decay-samples")
+
+
+def _check_saving(args: argparse.Namespace) -> None:
+    """--save needs an interval; retained checkpoints are a multiple of it."""
     if args.save is not None and (args.save_interval is None or args.save_interval <= 0):
         raise ConfigError("--save needs a positive --save-interval")
     if args.save_retain_interval is not None and (
             args.save_interval is None or args.save_retain_interval % args.save_interval != 0):
         raise ConfigError("--save-retain-interval must be a multiple of --save-interval")
 
-    # Distributed optimizer / overlap.
+
+def _check_overlap(args: argparse.Namespace) -> None:
+    """Distributed optimizer / overlap."""
     if args.overlap_param_gather:
         if not args.use_distributed_optimizer:
             raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
         if not args.overlap_grad_reduce:
             raise ConfigError("--overlap-param-gather needs --overlap-grad-reduce")
 
-    # Data sources.
+
+def _derive_data_sources(args: argparse.Namespace, warn: list[str]) -> None:
+    """One data source; Megatron-LM's legacy split and dataloader defaults."""
     if args.data_path is not None and args.split is None:
         args.split = "969, 30, 1"  # Megatron-LM's legacy default
         warn.append('--split not given with --data-path: using Megatron-LM\'s legacy default "969, 30, 1"')
@@ -278,7 +317,9 @@ def validate_args(
     if args.dataloader_type is None:
         args.dataloader_type = "single"
 
-    # Tokenizer.
+
+def _derive_tokenizer(args: argparse.Namespace) -> None:
+    """The tokenizer type (GPT-2 BPE from vocab+merge files) and what it needs."""
     if args.tokenizer_type is None and args.vocab_file and args.merge_file:
         args.tokenizer_type = "GPT2BPETokenizer"  # what Megatron-LM's GPT examples mean without --tokenizer-type
     if args.tokenizer_type is None and not args.mock_data:
@@ -286,77 +327,32 @@ def validate_args(
     if args.tokenizer_type == "NullTokenizer" and args.vocab_size is None:
         raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size")
 
-    # Trainer state Megatron-LM keeps on args.
+
+def _init_trainer_state(args: argparse.Namespace) -> None:
+    """Trainer state Megatron-LM keeps on args."""
     args.consumed_train_samples = 0
     args.skipped_train_samples = 0
     args.consumed_valid_samples = 0
     args.variable_seq_lengths = False
 
-    _check_layout(args, world_size)
-    if check_paths:
-        _check_paths(args)
-    return args
 
-
-def _check_layout(args: argparse.Namespace, world_size: int) -> None:
-    """Parallel layout checks, before any process group exists."""
-    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
-    model = tp * pp * cp
-    if world_size <= 0:
-        raise ConfigError(f"world size must be positive, got {world_size}")
-    if world_size % model != 0:
-        fits = ", ".join(str(d) for d in _divisors(world_size))
-        raise ConfigError(
-            f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
-            f"--pipeline-model-parallel-size {pp} x --context-parallel-size {cp} = {model}; "
-            f"TP x PP x CP must be one of {fits}")
-    dp = world_size // model
+def _check_layout(args: argparse.Namespace, world_size: int, shape: ModelShape) -> None:
+    """Parallel layout checks, before any process group exists: one ParallelDims, its rules."""
+    dims = _layout(ParallelDims.from_args, args, world_size)
+    tp, pp, dp, vpp = dims.tp, dims.pp, dims.dp, dims.vpp
     args.data_parallel_size = dp
+    _layout(shape.check_tensor_parallel, tp, TRAINER_FLAGS.tp)
+    # CP and SP split the sequence
+    _layout(dims.check_seq_length, args.seq_length, args.sequence_parallel)
 
-    if args.num_attention_heads % tp != 0:
-        raise ConfigError(f"--num-attention-heads {args.num_attention_heads} is not divisible by "
-                          f"--tensor-model-parallel-size {tp}")
-    if args.num_query_groups % tp != 0:
-        raise ConfigError(f"--num-query-groups {args.num_query_groups} is not divisible by "
-                          f"--tensor-model-parallel-size {tp}; use a TP size that divides the query groups")
-    if args.ffn_hidden_size % tp != 0:
-        raise ConfigError(f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by "
-                          f"--tensor-model-parallel-size {tp}")
-    if args.sequence_parallel and args.seq_length % tp != 0:
-        raise ConfigError(f"--sequence-parallel needs --seq-length {args.seq_length} divisible by "
-                          f"--tensor-model-parallel-size {tp}")
-
-    # Pipeline / virtual pipeline (Megatron-LM validate_args).
-    if args.num_layers % pp != 0:
-        raise ConfigError(f"--num-layers {args.num_layers} is not divisible by --pipeline-model-parallel-size {pp}")
-    layers_per_stage = args.num_layers // pp
-    if args.num_layers_per_virtual_pipeline_stage is not None and args.num_virtual_stages_per_pipeline_rank is not None:
-        raise ConfigError("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank "
-                          "are mutually exclusive; give one")
-    vpp: int | None = None
-    if args.num_layers_per_virtual_pipeline_stage is not None:
-        per_vstage = args.num_layers_per_virtual_pipeline_stage
-        if per_vstage <= 0 or layers_per_stage % per_vstage != 0:
-            raise ConfigError(f"layers per pipeline stage ({args.num_layers} / {pp} = {layers_per_stage}) is not "
-                              f"divisible by --num-layers-per-virtual-pipeline-stage {per_vstage}")
-        vpp = layers_per_stage // per_vstage
-    elif args.num_virtual_stages_per_pipeline_rank is not None:
-        vpp = args.num_virtual_stages_per_pipeline_rank
-        if vpp <= 0 or layers_per_stage % vpp != 0:
-            raise ConfigError(f"layers per pipeline stage ({args.num_layers} / {pp} = {layers_per_stage}) is not "
-                              f"divisible by --num-virtual-stages-per-pipeline-rank {vpp}")
-    if vpp == 1:
-        vpp = None
+    # Interleaved schedule (Megatron-LM validate_args): p2p settings follow from it.
     args.virtual_pipeline_model_parallel_size = vpp
     if args.microbatch_group_size_per_vp_stage is None:
         args.microbatch_group_size_per_vp_stage = pp
     if vpp is not None:
-        flag = ("--num-layers-per-virtual-pipeline-stage" if args.num_layers_per_virtual_pipeline_stage is not None
-                else "--num-virtual-stages-per-pipeline-rank")
-        if args.overlap_p2p_comm and pp <= 1:
-            raise ConfigError(f"{flag} (interleaved schedule) needs --pipeline-model-parallel-size > 1")
         if not args.overlap_p2p_comm and pp <= 2:
-            raise ConfigError(f"{flag} with --no-overlap-p2p-communication needs --pipeline-model-parallel-size > 2")
+            raise ConfigError(f"{dims.flags.vpp} with --no-overlap-p2p-communication needs "
+                              "--pipeline-model-parallel-size > 2")
     else:
         args.overlap_p2p_comm = False  # only the interleaved schedule overlaps p2p
         args.align_param_gather = False
@@ -372,12 +368,8 @@ def _check_layout(args: argparse.Namespace, world_size: int) -> None:
         raise ConfigError("--global-batch-size must be positive")
 
     def _gbs_check(gbs: int, flag: str) -> None:
-        if gbs % per_step != 0:
-            raise ConfigError(
-                f"{flag} {gbs} is not divisible by --micro-batch-size {args.micro_batch_size} x data-parallel size "
-                f"{dp} (= world size {world_size} / (TP {tp} x PP {pp} x CP {cp})) = {per_step}")
+        m = _layout(dims.microbatches, gbs, args.micro_batch_size, flag)
         if vpp is not None:
-            m = gbs // per_step
             n = args.microbatch_group_size_per_vp_stage
             if n > m or n < pp:
                 raise ConfigError(

@@ -1,0 +1,232 @@
+"""One parallel layout: every degree, its rules checked once, derived sizes as properties.
+
+In the spirit of torchtitan's ``ParallelDims``. Taken by the trainer's validation, the rank map,
+migrate, the communication planner and perf-report; no torch import, so the CLIs start fast.
+Each rule raises ``LayoutError`` naming the flags to change, spelled as the caller's command
+spells them (``LayoutFlags``: ``--tp`` for rankmap/plan, ``--tensor-model-parallel-size`` for
+pretrain_gpt.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+class LayoutError(ValueError):
+    """A layout that does not fit the cluster; the message says why and what fits."""
+
+
+@dataclass(frozen=True)
+class LayoutFlags:
+    """How one command spells each degree, so a message names the flag the user typed."""
+
+    tp: str = "--tp"
+    pp: str = "--pp"
+    cp: str = "--cp"
+    ep: str = "--ep"
+    vpp: str = "--vpp"
+    num_layers: str = "--num-layers"
+    nnodes: str = "--nnodes"
+    nproc_per_node: str = "--nproc-per-node"
+    devices_per_node: str = "--devices-per-node"
+    global_batch_size: str = "--global-batch-size"
+    micro_batch_size: str = "--micro-batch-size"
+
+
+LAUNCH_FLAGS = LayoutFlags()
+TRAINER_FLAGS = LayoutFlags(
+    tp="--tensor-model-parallel-size", pp="--pipeline-model-parallel-size", cp="--context-parallel-size",
+    ep="--expert-model-parallel-size", vpp="--num-virtual-stages-per-pipeline-rank",
+)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def arg_value(args: Any, key: str, default: Any = None) -> Any:
+    """``args.key`` of a Namespace or ``args[key]`` of a dict (args.json), else ``default``."""
+    if isinstance(args, Mapping):
+        value = args.get(key, default)
+    else:
+        value = getattr(args, key, default)
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """A validated layout. ``nproc_per_node`` None: ranks per node unknown (no TP-in-node rule);
+    ``devices_per_node`` None: the hardware is not known (migrate knows it: --npus-per-node)."""
+
+    world_size: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vpp: int | None = None
+    nnodes: int = 1
+    nproc_per_node: int | None = None
+    devices_per_node: int | None = None
+    num_layers: int | None = None
+    flags: LayoutFlags = field(default=LAUNCH_FLAGS, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def for_launch(
+        cls,
+        world_size: int | None = None,
+        tp: int = 1,
+        pp: int = 1,
+        cp: int = 1,
+        ep: int = 1,
+        vpp: int | None = None,
+        *,
+        nnodes: int | None = None,
+        nproc_per_node: int | None = None,
+        devices_per_node: int | None = None,
+        num_layers: int | None = None,
+        flags: LayoutFlags = LAUNCH_FLAGS,
+    ) -> ParallelDims:
+        """A torchrun launch: world size from nnodes x nproc_per_node, or one node holding every rank."""
+        if nnodes is not None and nproc_per_node is not None:
+            if world_size is not None and world_size != nnodes * nproc_per_node:
+                raise LayoutError(f"world_size {world_size} != {flags.nnodes} {nnodes} x {flags.nproc_per_node} "
+                                  f"{nproc_per_node}")  # fmt: skip
+            if nnodes < 1 or nproc_per_node < 1:
+                raise LayoutError(f"{flags.nnodes} and {flags.nproc_per_node} must be >= 1")
+            world = nnodes * nproc_per_node
+        elif world_size is None:
+            raise LayoutError(f"give the world size, or {flags.nnodes} and {flags.nproc_per_node}")
+        else:
+            world, nnodes, nproc_per_node = world_size, 1, world_size
+        return cls(world, tp, pp, cp, ep, vpp, nnodes, nproc_per_node, devices_per_node, num_layers, flags)
+
+    @classmethod
+    def from_args(cls, args: Any, world_size: int, flags: LayoutFlags = TRAINER_FLAGS) -> ParallelDims:
+        """pretrain_gpt.py's flags (a Namespace, or args.json as a dict): virtual stages come from
+        --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank."""
+        tp, pp, cp = (int(arg_value(args, k, 1)) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                                         "context_parallel_size"))  # fmt: skip
+        num_layers = arg_value(args, "num_layers")
+        per_vstage = arg_value(args, "num_layers_per_virtual_pipeline_stage")
+        vstages = arg_value(args, "num_virtual_stages_per_pipeline_rank")
+        vpp = arg_value(args, "virtual_pipeline_model_parallel_size")  # args.json: already derived
+        if per_vstage is not None and vstages is not None:
+            raise LayoutError("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank "
+                              "are mutually exclusive; give one")  # fmt: skip
+        if per_vstage is not None:
+            flags = replace(flags, vpp="--num-layers-per-virtual-pipeline-stage")
+            if num_layers is not None and pp > 0 and num_layers % pp == 0:
+                per_stage = num_layers // pp
+                if per_vstage <= 0 or per_stage % per_vstage != 0:
+                    raise LayoutError(f"layers per pipeline stage ({num_layers} / {pp} = {per_stage}) is not divisible "
+                                      f"by --num-layers-per-virtual-pipeline-stage {per_vstage}")  # fmt: skip
+                vpp = per_stage // per_vstage
+        elif vstages is not None:
+            vpp = vstages
+        if vpp == 1:
+            vpp = None  # one virtual stage is no interleaving (Megatron-LM)
+        return cls(world_size, tp, pp, cp, 1, vpp, num_layers=num_layers, flags=flags)
+
+    # ---- rules --------------------------------------------------------------------------------
+    def _validate(self) -> None:
+        f = self.flags
+        if self.world_size <= 0:
+            raise LayoutError(f"world size must be positive, got {self.world_size}")
+        for flag, value in ((f.tp, self.tp), (f.pp, self.pp), (f.cp, self.cp), (f.ep, self.ep)):
+            if value < 1:
+                raise LayoutError(f"{flag} must be >= 1, got {value}")
+        nproc, devices = self.nproc_per_node, self.devices_per_node
+        if devices is not None and nproc is not None and nproc > devices:
+            raise LayoutError(f"the launcher starts {nproc} processes per node but a node has {devices} devices "
+                              f"({f.devices_per_node})")  # fmt: skip
+        # TP communicates every layer: its group (contiguous ranks) must stay on one node's fast links
+        if devices is not None and (self.tp > devices or devices % self.tp):
+            raise LayoutError(f"TP={self.tp} does not fit in a node of {devices} devices: TP communicates every "
+                              f"layer and must stay on a node's HCCS links ({f.tp})")  # fmt: skip
+        model = self.tp * self.pp * self.cp
+        if nproc is not None and (self.tp > nproc or nproc % self.tp):
+            rest = self.pp * self.cp
+            fits = [d for d in divisors(nproc) if self.world_size % rest == 0 and (self.world_size // rest) % d == 0]
+            raise LayoutError(
+                f"TP={self.tp} would span nodes: a TP group is {self.tp} contiguous ranks and a node holds "
+                f"{nproc}; TP communicates every layer and must stay on a node's HCCS links. "
+                f"TP sizes that fit: {', '.join(map(str, fits or divisors(nproc)))} ({f.tp})"
+            )
+        if self.world_size % model:
+            raise LayoutError(
+                f"world size {self.world_size} is not divisible by {f.tp} {self.tp} x {f.pp} {self.pp} x "
+                f"{f.cp} {self.cp} = {model}; TP x PP x CP must be one of "
+                f"{', '.join(map(str, divisors(self.world_size)))}"
+            )
+        if self.dp_cp % self.ep:
+            raise LayoutError(f"{f.ep} {self.ep} must divide DP x CP = {self.dp_cp}")
+        if self.vpp is not None:
+            if self.vpp < 1:
+                raise LayoutError(f"{f.vpp} must be >= 1, got {self.vpp}")
+            if self.pp < 2:
+                raise LayoutError(f"{f.vpp} (interleaved schedule) needs {f.pp} > 1")
+        if self.num_layers is not None:
+            self.check_num_layers(self.num_layers)
+
+    def check_num_layers(self, num_layers: int) -> None:
+        """PP (x virtual stages) must divide the layers."""
+        f = self.flags
+        if num_layers % self.pp:
+            raise LayoutError(f"{f.num_layers} {num_layers} is not divisible by {f.pp} {self.pp}")
+        per_stage = num_layers // self.pp
+        if self.vpp is not None and per_stage % self.vpp:
+            raise LayoutError(f"layers per pipeline stage ({num_layers} / {self.pp} = {per_stage}) is not divisible "
+                              f"by {f.vpp} {self.vpp}")  # fmt: skip
+
+    def check_seq_length(self, seq_length: int, sequence_parallel: bool) -> None:
+        """CP splits the sequence; sequence parallelism splits it again over TP."""
+        f = self.flags
+        if seq_length % self.cp:
+            raise LayoutError(f"--seq-length {seq_length} is not divisible by {f.cp} {self.cp}")
+        if sequence_parallel and self.tp > 1 and seq_length % self.tp:
+            raise LayoutError(f"--sequence-parallel needs --seq-length {seq_length} divisible by {f.tp} {self.tp}")
+
+    def microbatches(self, global_batch_size: int, micro_batch_size: int, flag: str | None = None) -> int:
+        """Micro-batches per step; the global batch must split evenly over micro batch x DP."""
+        f = self.flags
+        per_step = micro_batch_size * self.dp
+        if global_batch_size % per_step:
+            raise LayoutError(
+                f"{flag or f.global_batch_size} {global_batch_size} is not divisible by {f.micro_batch_size} "
+                f"{micro_batch_size} x data-parallel size {self.dp} (= world size {self.world_size} / (TP {self.tp} x "
+                f"PP {self.pp} x CP {self.cp})) = {per_step}"
+            )
+        return global_batch_size // per_step
+
+    # ---- derived sizes ------------------------------------------------------------------------
+    @property
+    def dp(self) -> int:
+        return self.world_size // (self.tp * self.pp * self.cp)
+
+    @property
+    def dp_cp(self) -> int:
+        """DDP's gradient-reduction group: data parallel with context parallel."""
+        return self.dp * self.cp
+
+    @property
+    def model_parallel(self) -> int:
+        """TP x PP: the grad-norm all-reduce group."""
+        return self.tp * self.pp
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.vpp or 1
+
+    @property
+    def interleaved(self) -> bool:
+        return self.vpp is not None
+
+    def layers_per_chunk(self, num_layers: int) -> int:
+        """Layers of one model chunk (one virtual stage on one PP rank)."""
+        return num_layers // (self.pp * self.virtual_stages)

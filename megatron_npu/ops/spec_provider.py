@@ -1,0 +1,61 @@
+"""megatron-core's backend seam (``BackendSpecProvider``) for the accelerator's kernels.
+
+As ``TESpecProvider`` hands Transformer Engine's modules to the spec builders, this
+provider hands out modules that call ``get_accelerator().fused_kernel(key)`` behind a
+neutral signature and run the torch math where the device has no kernel: the norm
+(fused RMSNorm, sequence-parallel capable), core attention (the fused flash attention
+when asked for with ``--use-flash-attn``) and the SwiGLU activation (megatron-core builds
+a spec'd activation when ``config.use_te_activation_func`` is set; training/config.py
+sets it where the device has the kernel and ``--no-bias-swiglu-fusion`` is not given).
+Linear layers stay megatron-core's own.
+
+RoPE has no module here: megatron-core applies it inside SelfAttention, before core
+attention; its fused slot is filled by patches/fused_ops.py and used only when
+``config.apply_rope_fusion`` is set.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from megatron.core.models.backends import LocalSpecProvider
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+from megatron_npu.accelerator import get_accelerator
+from megatron_npu.ops.fused import SwiGLU
+from megatron_npu.ops.norm import SequenceParallelTorchNorm
+
+
+class DeviceSpecProvider(LocalSpecProvider):
+    """megatron-core's local modules, with the accelerator's norm and attention kernels."""
+
+    def __init__(self, use_flash_attn: bool = False) -> None:
+        self.use_flash_attn = use_flash_attn
+
+    def layer_norm(self, rms_norm: bool = False, for_qk: bool = False) -> type:
+        # LayerNorm or RMSNorm by config.normalization; RMSNorm on the device kernel where there is one.
+        return SequenceParallelTorchNorm
+
+    def fused_attention(self) -> bool:
+        """True when core attention runs on the device's flash-attention kernel."""
+        return self.use_flash_attn and get_accelerator().fused_kernel("flash_attention") is not None
+
+    def core_attention(self) -> type:
+        if self.fused_attention():
+            from megatron_npu.ops.attention import FusedDotProductAttention
+
+            return FusedDotProductAttention
+        return DotProductAttention
+
+    def activation_func(self) -> type:
+        return DeviceActivation
+
+
+class DeviceActivation:
+    """Builds the MLP's activation module from a TransformerConfig (as TEActivationOp does)."""
+
+    def __new__(cls, config: TransformerConfig) -> torch.nn.Module:
+        if not (config.gated_linear_unit and config.activation_func is F.silu):
+            raise ValueError("the device activation module is SwiGLU only; unset use_te_activation_func")
+        return SwiGLU()

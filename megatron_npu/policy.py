@@ -1,0 +1,342 @@
+"""What this project does with Megatron-LM's flags and CUDA/NCCL settings: one table.
+
+Read by the trainer's argument checks (``training/arguments.py``), ``megatron-npu migrate``
+(``migrate/rules.py``), the doctor and the patches for upstream Megatron-LM's trainer, so
+that a flag is refused, ignored or mapped with the same words everywhere. Pure Python: no
+torch or megatron import (the migration tool runs on machines without either).
+
+Flags (``FLAG_POLICY``, one ``FlagPolicy`` per flag or ``--prefix*`` pattern):
+  refused  the trainer stops with ``message()``: the flag, why, and what to use instead.
+           ``allowed`` lists values still accepted (``--ckpt-format torch_dist``).
+  ignored  accepted for compatibility, no effect; the trainer prints the reason once.
+  mapped   honoured, by something else on Ascend (``--distributed-backend nccl`` runs as
+           the accelerator's backend, ``--use-flash-attn`` as the fused kernel).
+
+``migrate`` says what ``megatron-npu migrate`` does with a script that gives the flag:
+  drop     remove it (with its value when ``takes_value``): an optimisation that only
+           exists on CUDA, the model's math is the same without it
+  ask      refuse the migration unless --force, which drops it (the math would change: fp8)
+  rewrite  replace the value ``rewrite`` names (``"old=new"``)
+  note     keep it, with a note saying what runs on Ascend
+  ""       copy it; migrate's flag check then reports the trainer's outcome
+
+Environment (``ENV_POLICY``): CUDA/NCCL variables and their Ascend counterparts.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Outcome = Literal["refused", "ignored", "mapped"]
+#: "device": impossible on Ascend in any trainer (upstream Megatron-LM's too);
+#: "trainer": this project's trainer does not have it (Megatron-LM's own may).
+Scope = Literal["device", "trainer"]
+MigrateAction = Literal["drop", "ask", "rewrite", "note", ""]
+EnvAction = Literal["rename", "convert", "comment", "keep", "add"]
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message names the flags to change."""
+
+
+@dataclass(frozen=True)
+class FlagPolicy:
+    """What happens to one Megatron-LM flag (an option string or an fnmatch pattern)."""
+
+    flag: str
+    outcome: Outcome
+    reason: str
+    alternative: str = ""
+    #: refused: the values still accepted (None: refused whenever given);
+    #: mapped: the values the mapping is about (None: any).
+    allowed: tuple[str, ...] | None = None
+    migrate: MigrateAction = ""
+    #: migrate's rule name (reports, ``--list-rules``); "" for rows migrate copies.
+    name: str = ""
+    rewrite: str = ""  # migrate="rewrite": "old=new"
+    takes_value: bool = False  # migrate drops the flag's value with it
+    scope: Scope = "trainer"
+
+    @property
+    def is_pattern(self) -> bool:
+        return any(c in self.flag for c in "*?[")
+
+    def matches(self, flag: str) -> bool:
+        return fnmatch.fnmatchcase(flag, self.flag) if self.is_pattern else flag == self.flag
+
+    def message(self, given: str | None = None, value: Any = None) -> str:
+        """The trainer's one-line refusal: ``--flag [value] is not supported: why; instead``."""
+        what = given or self.flag
+        if self.allowed is not None and value is not None:
+            what = f"{what} {value_str(value)}"
+        return f"{what} is not supported: {self.reason}; {self.alternative}"
+
+
+@dataclass(frozen=True)
+class EnvPolicy:
+    """A CUDA/NCCL environment variable (exact or ``PREFIX*``) and its Ascend counterpart.
+
+    rename   the variable gets the new name ``to``
+    convert  renamed and its value converted (NCCL_BUFFSIZE bytes -> HCCL_BUFFSIZE MB)
+    comment  no counterpart: migrate comments the assignment out
+    keep     kept unchanged; the reason says what it does on Ascend
+    add      an Ascend setting (``to`` is its default) a launch script should set
+    """
+
+    name: str  # migrate's rule name
+    match: str
+    action: EnvAction
+    to: str
+    reason: str
+
+    def matches(self, variable: str) -> bool:
+        return fnmatch.fnmatchcase(variable, self.match)
+
+
+# The --tokenizer-type values megatron_npu.data.tokenizers.build_tokenizer implements.
+TOKENIZER_TYPES: tuple[str, ...] = (
+    "NullTokenizer",
+    "SentencePieceTokenizer",
+    "GPTSentencePieceTokenizer",
+    "Llama2Tokenizer",
+    "HuggingFaceTokenizer",
+    "GPT2BPETokenizer",
+)
+
+_TE = "Transformer Engine is CUDA-only"
+_FP8 = "Ascend 910B has no fp8/fp4 compute"
+_CUDA_GRAPH = "CUDA graphs are CUDA-only"
+_TP_OVERLAP = f"TP communication/GEMM overlap uses TE userbuffers ({_TE})"
+_MOE = "MoE is not supported by this trainer yet"
+_CP = "context parallelism is not supported by this trainer yet"
+_FSDP = "FSDP is not supported by this trainer"
+_UNEVEN = "uneven pipeline stages are not supported by this trainer"
+_DROP = "drop the flag"
+_BF16 = "use --bf16"
+_DIST_OPT = "use --use-distributed-optimizer (shards optimizer state across data-parallel ranks)"
+_GC = "the trainer keeps Python's default garbage collector"
+_NO_HISTORY = "no allocator history is recorded"
+
+
+def _refused(flag: str, reason: str, alternative: str = _DROP, allowed: tuple[str, ...] | None = None,
+             **migrate: Any) -> FlagPolicy:
+    return FlagPolicy(flag, "refused", reason, alternative, allowed, **migrate)
+
+
+def _device(flag: str, reason: str, alternative: str = _DROP, allowed: tuple[str, ...] | None = None,
+            **migrate: Any) -> FlagPolicy:
+    """Refused because Ascend cannot run it (CUDA-only or no fp8): whatever the trainer."""
+    return FlagPolicy(flag, "refused", reason, alternative, allowed, scope="device", **migrate)
+
+
+def _ignored(flag: str, reason: str) -> FlagPolicy:
+    return FlagPolicy(flag, "ignored", reason)
+
+
+def _mapped(flag: str, name: str, reason: str, allowed: tuple[str, ...] | None = None) -> FlagPolicy:
+    return FlagPolicy(flag, "mapped", reason, allowed=allowed, migrate="note", name=name)
+
+
+# Exact rows before patterns within each outcome: flag_policy() returns the first match.
+FLAG_POLICY: tuple[FlagPolicy, ...] = (
+    # ---- refused ---------------------------------------------------------------------
+    _device("--transformer-impl", _TE,
+             "use --transformer-impl local (the default; `megatron-npu migrate` rewrites it)", ("local",),
+             migrate="rewrite", name="transformer-impl", rewrite="transformer_engine=local"),
+    _refused("--ckpt-format", "only the torch_dist distributed checkpoint format is supported",
+             "use --ckpt-format torch_dist (the default)", ("torch_dist",)),
+    _refused("--context-parallel-size", _CP, "use --context-parallel-size 1 (the default)", ("1",)),
+    _refused("--cp-comm-type", _CP, _DROP, ("p2p",)),
+    _refused("--hierarchical-context-parallel-sizes", _CP),
+    _refused("--expert-model-parallel-size", _MOE, "use --expert-model-parallel-size 1 (the default)", ("1",)),
+    _refused("--expert-tensor-parallel-size", _MOE),
+    _refused("--num-experts", _MOE, "drop --num-experts (dense model)", ("0", "None")),
+    _refused("--moe-*", _MOE),
+    # CUDA graphs and TE's TP overlap are optimisations: migrate drops them (same math).
+    _device("--cuda-graph-impl", _CUDA_GRAPH, _DROP, ("none",), migrate="drop", name="cuda-graph-impl",
+             takes_value=True),
+    _device("--cuda-graph-scope", _CUDA_GRAPH, migrate="drop", name="cuda-graph-scope", takes_value=True),
+    _device("--cuda-graph-warmup-steps", _CUDA_GRAPH, migrate="drop", name="cuda-graph-warmup",
+             takes_value=True),
+    _device("--enable-cuda-graph", _CUDA_GRAPH, migrate="drop", name="cuda-graph"),
+    _device("--external-cuda-graph", _CUDA_GRAPH, migrate="drop", name="external-cuda-graph"),
+    _device("--cuda-graph-*", _CUDA_GRAPH),
+    _device("--te-rng-tracker", _TE, migrate="drop", name="te-rng-tracker"),
+    _device("--tp-comm-overlap-cfg", _TP_OVERLAP, migrate="drop", name="tp-comm-overlap-cfg", takes_value=True),
+    _device("--tp-comm-bootstrap-backend", _TP_OVERLAP, migrate="drop", name="tp-comm-bootstrap",
+             takes_value=True),
+    _device("--tp-comm-*", _TP_OVERLAP, migrate="drop", name="tp-comm-overlap"),
+    _device("--disable-tp-comm-*", _TP_OVERLAP, migrate="drop", name="tp-comm-options"),
+    # fp8/fp4 change the numerics: migrate asks (refuses unless --force, which drops them).
+    _device("--fp8-format", _FP8, _BF16, migrate="ask", name="fp8-valued", takes_value=True),
+    _device("--fp8-recipe", _FP8, _BF16, migrate="ask", name="fp8-recipe", takes_value=True),
+    _device("--fp8-margin", _FP8, _BF16, migrate="ask", name="fp8-margin", takes_value=True),
+    _device("--fp8-interval", _FP8, _BF16, migrate="ask", name="fp8-interval", takes_value=True),
+    _device("--fp8-amax-*", _FP8, _BF16, migrate="ask", name="fp8-amax", takes_value=True),
+    _device("--num-layers-at-*-in-bf16", _FP8, _BF16, migrate="ask", name="fp8-bf16-layers", takes_value=True),
+    _device("--first-last-layers-bf16", _FP8, _BF16, migrate="ask", name="fp8-first-last-bf16"),
+    _device("--fp8*", _FP8, _BF16, migrate="ask", name="fp8"),
+    _device("--no-fp8*", _FP8, _BF16, migrate="ask", name="no-fp8-wgrad"),
+    _device("--fp4-format", _FP8, _BF16, migrate="ask", name="fp4-valued", takes_value=True),
+    _device("--fp4*", _FP8, _BF16, migrate="ask", name="fp4"),
+    _refused("--use-torch-fsdp2", _FSDP, _DIST_OPT),
+    _refused("--use-custom-fsdp", _FSDP, _DIST_OPT),
+    _refused("--use-megatron-fsdp", _FSDP, _DIST_OPT),
+    _refused("--async-save", "asynchronous checkpoint saving is not supported yet", "drop it (saves are synchronous)"),
+    _refused("--use-tp-pp-dp-mapping", "rank maps, rank tables and checks assume megatron-core's default order",
+             "drop it (the order is tp-cp-ep-dp-pp)"),
+    _refused("--pretrained-checkpoint", "loading from a second checkpoint root is not supported",
+             "use --load DIR --finetune"),
+    _refused("--iterations-to-skip", "skipping chosen iterations is not supported"),
+    _refused("--dataloader-type", "an external data loader needs code this trainer does not have",
+             "use --dataloader-type single (the default) or cyclic", ("single", "cyclic")),
+    _device("--apply-layernorm-1p", "zero-centered-gamma norms need Transformer Engine"),
+    _refused("--num-distributed-optimizer-instances", "one distributed-optimizer instance per DP group only",
+             "use --num-distributed-optimizer-instances 1 (the default)", ("1",)),
+    _refused("--use-legacy-models",
+             "legacy (non-megatron-core) models are gone; megatron-core models are always used"),
+    _refused("--multi-latent-attention", "multi-latent attention is not supported by this trainer"),
+    _refused("--mtp-num-layers", "multi-token prediction is not supported by this trainer"),
+    _refused("--decoder-first-pipeline-num-layers", _UNEVEN,
+             "make --num-layers divisible by --pipeline-model-parallel-size"),
+    _refused("--decoder-last-pipeline-num-layers", _UNEVEN,
+             "make --num-layers divisible by --pipeline-model-parallel-size"),
+    _refused("--pipeline-model-parallel-layout", "custom pipeline layouts are not supported by this trainer",
+             "use --num-layers-per-virtual-pipeline-stage for interleaving"),
+    _refused("--account-for-embedding-in-pipeline-split", _UNEVEN),
+    _refused("--account-for-loss-in-pipeline-split", _UNEVEN),
+    _refused("--overlap-param-gather-with-optimizer-step",
+             "Megatron-LM does not support it with distributed checkpointing (always on here)"),
+    # ---- ignored: accepted, no effect (args.ignored_flags; the trainer prints each once) --
+    _ignored("--use-mcore-models", "megatron-core models are always used"),
+    _ignored("--no-async-tensor-model-parallel-allreduce", "deprecated in Megatron-LM; no effect"),
+    _ignored("--use-dist-ckpt", "deprecated in Megatron-LM; --ckpt-format torch_dist is always distributed"),
+    _ignored("--dist-ckpt-format", "deprecated in Megatron-LM; see --ckpt-format"),
+    _ignored("--ckpt-fully-parallel-save", "deprecated in Megatron-LM; fully parallel save is the default"),
+    _ignored("--no-persist-layer-norm", "there is no persistent layer-norm kernel on this target"),
+    _ignored("--manual-gc", _GC),
+    _ignored("--manual-gc-interval", _GC),
+    _ignored("--no-manual-gc-eval", _GC),
+    _ignored("--attention-backend", "the local transformer implementation picks the attention kernel for the device"),
+    _ignored("--use-checkpoint-args", "model arguments are not read back from the checkpoint; pass them on the "
+             "command line"),
+    _ignored("--use-mp-args-from-checkpoint-args", "parallel sizes are not read back from the checkpoint"),
+    _ignored("--tiktoken-pattern", "TikTokenizer is not supported; the flag only applies to it"),
+    _ignored("--no-create-attention-mask-in-dataloader", "the causal mask is built by the attention kernel"),
+    _ignored("--empty-unused-memory-level", "the device allocator cache is not emptied per iteration"),
+    _ignored("--log-energy", "energy counters are CUDA-only"),
+    _ignored("--log-params-norm", "the parameter norm is not computed; the grad norm is logged"),
+    _ignored("--log-timers-to-tensorboard", "timers go to LOG_DIR/timers/*.jsonl (--timing-log-level 1), "
+             "not TensorBoard"),
+    _ignored("--log-memory-to-tensorboard", "memory is not logged to TensorBoard"),
+    _ignored("--log-world-size-to-tensorboard", "the world size is in LOG_DIR/args.json"),
+    _ignored("--log-validation-ppl-to-tensorboard", "validation perplexity is always written to TensorBoard"),
+    _ignored("--no-log-loss-scale-to-tensorboard", "the loss scale is always written to TensorBoard"),
+    _ignored("--check-for-spiky-loss", "the rerun state machine's spiky-loss check is not wired"),
+    _ignored("--check-for-large-grads", "the rerun state machine's large-gradient check is not wired"),
+    _ignored("--save-retain-interval", "every saved checkpoint is kept"),
+    _ignored("--record-memory-history", _NO_HISTORY),
+    _ignored("--memory-snapshot-path", _NO_HISTORY),
+    _ignored("--ckpt-fully-parallel-load", "loads use megatron-core's default strategy"),
+    _ignored("--ckpt-assume-constant-structure", "each save builds its plan afresh"),
+    _ignored("--log-progress", "progress is the iteration line and LOG_DIR/metrics.jsonl"),
+    _ignored("--logging-level", "the trainer prints on rank 0 / the last rank only"),
+    _ignored("--no-barrier-with-level-1-timing",
+             "per-rank timers never barrier: each rank's own waits are what they show"),
+    _ignored("--train-sync-interval", "the host synchronises with the device once per iteration (for the timers)"),
+    _ignored("--check-weight-hash-across-dp-replicas-interval", "DP replicas are not hashed"),
+    _ignored("--ddp-num-buckets", "use --ddp-bucket-size"),
+    _ignored("--ddp-pad-buckets-for-high-nccl-busbw", "an NCCL bus-bandwidth tuning; not applied"),
+    # ---- mapped: honoured by the Ascend counterpart ------------------------------------
+    FlagPolicy("--distributed-backend", "mapped",
+               "the accelerator runs the collectives: nccl (Megatron-LM's default) is HCCL on Ascend, gloo on "
+               "the cpu target", migrate="rewrite", name="backend", rewrite="nccl=hccl"),
+    _mapped("--use-flash-attn", "flash-attn", "runs as torch_npu.npu_fusion_attention on NPU"),
+    _mapped("--apply-rope-fusion", "rope-fusion", "runs as torch_npu.npu_rotary_mul on NPU"),
+    _mapped("--swiglu", "swiglu", "the SwiGLU activation runs as torch_npu.npu_swiglu on NPU"),
+    _mapped("--*bias-swiglu-fusion", "bias-swiglu-fusion", "runs as torch_npu.npu_swiglu on NPU"),
+    _mapped("--normalization", "rmsnorm", "RMSNorm runs as torch_npu.npu_rms_norm on NPU", ("RMSNorm",)),
+    _mapped("--*gradient-accumulation-fusion", "grad-acc-fusion",
+            "pretrain_gpt.py uses apex's CUDA kernel only where it imports; on NPU the same math runs unfused"),
+    _mapped("--*masked-softmax-fusion", "masked-softmax-fusion",
+            "pretrain_gpt.py uses the CUDA masked-softmax kernel only where it imports; unfused on NPU"),
+)
+
+REFUSED: tuple[FlagPolicy, ...] = tuple(p for p in FLAG_POLICY if p.outcome == "refused")
+#: The refusals any trainer on Ascend makes (upstream Megatron-LM's included).
+DEVICE_REFUSED: tuple[FlagPolicy, ...] = tuple(p for p in REFUSED if p.scope == "device")
+#: flag -> reason, for the flags accepted with no effect.
+IGNORED: dict[str, str] = {p.flag: p.reason for p in FLAG_POLICY if p.outcome == "ignored"}
+MIGRATED: tuple[FlagPolicy, ...] = tuple(p for p in FLAG_POLICY if p.migrate)
+
+_NCCL_ONLY = "NCCL setting with no HCCL equivalent"
+
+ENV_POLICY: tuple[EnvPolicy, ...] = (
+    EnvPolicy("visible-devices", "CUDA_VISIBLE_DEVICES", "rename", "ASCEND_RT_VISIBLE_DEVICES",
+              "NPUs are selected by ASCEND_RT_VISIBLE_DEVICES"),
+    EnvPolicy("launch-blocking", "CUDA_LAUNCH_BLOCKING", "rename", "ASCEND_LAUNCH_BLOCKING",
+              "torch_npu's synchronous-launch switch for debugging"),
+    EnvPolicy("alloc-conf", "PYTORCH_CUDA_ALLOC_CONF", "rename", "PYTORCH_NPU_ALLOC_CONF",
+              "torch_npu's caching allocator reads PYTORCH_NPU_ALLOC_CONF (same expandable_segments syntax)"),
+    EnvPolicy("max-connections", "CUDA_DEVICE_MAX_CONNECTIONS", "keep", "",
+              "Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 when TP/CP>1; NPU scripts keep it"),
+    EnvPolicy("socket-ifname", "NCCL_SOCKET_IFNAME", "rename", "HCCL_SOCKET_IFNAME",
+              "HCCL bootstrap NIC, same ^/= syntax"),
+    EnvPolicy("buffsize", "NCCL_BUFFSIZE", "convert", "HCCL_BUFFSIZE",
+              "HCCL_BUFFSIZE is MB per communicator where NCCL_BUFFSIZE is bytes"),
+    EnvPolicy("ib-timeout", "NCCL_IB_TIMEOUT", "rename", "HCCL_RDMA_TIMEOUT", "RoCE retransmission timeout"),
+    EnvPolicy("ib-tc", "NCCL_IB_TC", "rename", "HCCL_RDMA_TC", "RoCE traffic class"),
+    EnvPolicy("ib-sl", "NCCL_IB_SL", "rename", "HCCL_RDMA_SL", "RoCE service level"),
+    EnvPolicy("nccl-debug", "NCCL_DEBUG*", "comment", "",
+              "NCCL logging; on Ascend use ASCEND_GLOBAL_LOG_LEVEL / ASCEND_SLOG_PRINT_TO_STDOUT"),
+    EnvPolicy("nccl-other", "NCCL_*", "comment", "", _NCCL_ONLY),
+    EnvPolicy("torch-nccl", "TORCH_NCCL_*", "comment", "",
+              "read by PyTorch's ProcessGroupNCCL only; the HCCL process group ignores it"),
+    EnvPolicy("nvte", "NVTE_*", "comment", "", "Transformer Engine setting; TE is not used on NPU"),
+    EnvPolicy("connect-timeout", "HCCL_CONNECT_TIMEOUT", "add", "1200",
+              "HCCL link set-up times out after 120 s by default, too short for multi-node start-up"),
+    EnvPolicy("exec-timeout", "HCCL_EXEC_TIMEOUT", "add", "1836",
+              "explicit collective timeout (HCCL's default), the counterpart of NCCL's watchdog"),
+)
+
+
+def value_str(value: Any) -> str:
+    """A flag's value as the command line spells it (lists space-separated)."""
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
+def flag_policy(flag: str) -> FlagPolicy | None:
+    """The row for an option string (``--x`` or ``--x=v``): exact rows first, then patterns."""
+    name = flag.split("=", 1)[0]
+    exact = next((p for p in FLAG_POLICY if not p.is_pattern and p.flag == name), None)
+    return exact or next((p for p in FLAG_POLICY if p.is_pattern and p.matches(name)), None)
+
+
+def refusal_for(flag: str, scope: Scope | None = None) -> FlagPolicy | None:
+    """The refused row that covers an option string, or None; ``scope="device"``: only the
+    refusals that hold for any trainer on Ascend (what upstream Megatron-LM's patches apply)."""
+    row = flag_policy(flag)
+    if row is None or row.outcome != "refused" or (scope is not None and row.scope != scope):
+        return None
+    return row
+
+
+def ignored_reason(flag: str) -> str | None:
+    """Why an accepted flag has no effect, or None when it is honoured."""
+    return IGNORED.get(flag.split("=", 1)[0])
+
+
+def env_policy(variable: str) -> EnvPolicy | None:
+    """The mapping of a CUDA/NCCL variable (first match: exact rows precede prefix rows)."""
+    return next((p for p in ENV_POLICY if p.action != "add" and p.matches(variable)), None)
+
+
+def check_value(policy: FlagPolicy, value: Any) -> None:
+    """Raise ConfigError when a refused flag with allowed values has another value (None: unset)."""
+    if policy.outcome == "refused" and policy.allowed is not None and value is not None:
+        if value_str(value) not in policy.allowed:
+            raise ConfigError(policy.message(policy.flag, value))

@@ -1,0 +1,303 @@
+"""Megatron-LM's own training stack (``megatron/training``, its ``pretrain_gpt.py``) off CUDA.
+
+A user's Megatron-LM checkout on ``PYTHONPATH`` merges with the megatron-core wheel
+(``megatron/`` is a namespace package). Verified against Megatron-LM core_v0.16.1
+(``TESTED_MEGATRON_LM`` in megatron_npu.version) with megatron-core 0.16.x. Targets in
+``megatron.training`` modules are applied by the registry's import hook when the
+script imports ``megatron.training``; nothing here applies on the cuda target.
+
+What a plain redirection of ``torch.cuda`` (patches/torch_cuda.py) does not cover:
+import-time obstacles (an unguarded ``triton`` import, ``compile_helpers()`` running
+``make``), CUDA-only checks (``assert torch.cuda.is_available()``, the GPU arch and
+``CUDA_DEVICE_MAX_CONNECTIONS``), the ``nccl``-only backend choice, and argument
+defaults that cannot apply off CUDA (``--transformer-impl transformer_engine``,
+torch.compile'd jit fusions, nsys profiling), which become what works, one warning each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from megatron_npu.accelerator.base import Accelerator
+from megatron_npu.policy import REFUSED, FlagPolicy
+from megatron_npu.registry import register
+from megatron_npu.start_errors import report_start_error
+from megatron_npu.version import TESTED_MEGATRON_CORE_RANGE, UnsupportedMegatronVersion, check_megatron_lm
+
+SUBSYSTEM = "megatron_training"
+FOREIGN_BACKEND = "nccl"  # Megatron-LM's --distributed-backend default, the one this patch set replaces
+VERSIONS = TESTED_MEGATRON_CORE_RANGE  # megatron-core range; Megatron-LM's own version is checked at import
+
+BATCH_INVARIANT = "megatron.core.transformer.custom_layers.batch_invariant_kernels"
+
+#: Rows of this project's flag policy that are about the device, not about this project's
+#: trainer: upstream Megatron-LM off CUDA refuses them too. Its own trainer has MoE, CP, FSDP,
+#: ..., so the trainer-scope rows do not apply to it. A row belongs here when it shares the
+#: reason of one of these anchors (Transformer Engine, fp8/fp4, CUDA graphs, TP comm overlap);
+#: the wording stays in megatron_npu/policy.py.
+DEVICE_REASON_ANCHORS = ("--transformer-impl", "--fp8*", "--cuda-graph-*", "--tp-comm-*", "--apply-layernorm-1p")
+
+
+def _device_refusals() -> tuple[FlagPolicy, ...]:
+    rows = {row.flag: row for row in REFUSED}
+    missing = [flag for flag in DEVICE_REASON_ANCHORS if flag not in rows]
+    if missing:  # the policy table moved on: fail loudly rather than refuse nothing
+        raise RuntimeError(f"megatron_training patches: refusal rows {missing} are gone from megatron_npu.policy")
+    reasons = {rows[flag].reason for flag in DEVICE_REASON_ANCHORS}
+    return tuple(row for row in REFUSED if row.reason in reasons)
+
+
+def _given_flags(argv: list[str]) -> dict[str, str | None]:
+    """Option strings on the command line, with the value that follows each (None: none)."""
+    given: dict[str, str | None] = {}
+    for index, token in enumerate(argv):
+        if not token.startswith("--"):
+            continue
+        name, _, inline = token.partition("=")
+        following = argv[index + 1] if index + 1 < len(argv) and not argv[index + 1].startswith("--") else None
+        given[name] = inline or following
+    return given
+
+
+def device_refusal_message(argv: list[str]) -> str | None:
+    """The one-line refusal for the first device-impossible flag in ``argv``, or None."""
+    for name, value in _given_flags(argv).items():
+        for row in _device_refusals():
+            if not row.matches(name):
+                continue
+            if row.allowed is not None and value in row.allowed:
+                continue
+            return row.message(name, value)
+    return None
+
+
+def _training_patch(name: str, reason: str) -> Callable[[Callable[[Any, Accelerator], Any]], Any]:
+    """register() for a megatron.training target: the Megatron-LM version is checked first.
+
+    The build runs when the import hook sees the target's module, i.e. before any of
+    Megatron-LM's code is called; another Megatron-LM stops there with both versions named
+    rather than failing later on a private name that moved.
+    """
+
+    def decorator(build: Callable[[Any, Accelerator], Any]) -> Any:
+        def checked(original: Any, accelerator: Accelerator) -> Any:
+            try:
+                check_megatron_lm()
+            except UnsupportedMegatronVersion as error:
+                raise SystemExit(report_start_error(str(error))) from None
+            return build(original, accelerator)
+
+        module, attribute = name.rsplit(".", 1)
+        return register(name, f"{module}:{attribute}", reason=reason, subsystem=SUBSYSTEM,
+                        megatron_versions=VERSIONS)(checked)  # fmt: skip
+
+    return decorator
+
+
+def _warn_once(message: str) -> None:
+    # Every rank validates the same arguments: rank 0 speaks for them.
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"megatron-npu: warning: {message}", file=sys.stderr, flush=True)
+
+
+# ----- import obstacles ---------------------------------------------------------------------
+
+
+def _batch_invariant_stand_in() -> types.ModuleType:
+    """``batch_invariant_kernels`` without triton: the mode's switches, refusing to turn it on."""
+    module = types.ModuleType(BATCH_INVARIANT, "batch-invariant kernels stand-in (triton is not importable)")
+
+    def enable_batch_invariant_mode() -> None:
+        raise SystemExit(report_start_error(
+            "--batch-invariant-mode is not supported: its kernels are triton (CUDA) kernels and triton is not "
+            "installed; drop the flag"))  # fmt: skip
+
+    def set_batch_invariant_mode(enabled: bool = True) -> None:
+        if enabled:
+            enable_batch_invariant_mode()
+
+    module.enable_batch_invariant_mode = enable_batch_invariant_mode  # type: ignore[attr-defined]
+    module.set_batch_invariant_mode = set_batch_invariant_mode  # type: ignore[attr-defined]
+    module.disable_batch_invariant_mode = lambda: None  # type: ignore[attr-defined]
+    module.is_batch_invariant_mode_enabled = lambda: False  # type: ignore[attr-defined]
+    module.__all__ = [  # type: ignore[attr-defined]
+        "set_batch_invariant_mode", "is_batch_invariant_mode_enabled",
+        "disable_batch_invariant_mode", "enable_batch_invariant_mode",
+    ]  # fmt: skip
+    module.__megatron_npu_stand_in__ = True  # type: ignore[attr-defined]
+    return module
+
+
+@register(
+    "megatron.core.transformer.custom_layers.batch_invariant_kernels",
+    "megatron.core.transformer.custom_layers:batch_invariant_kernels",
+    reason="megatron/training/initialize.py imports this module, which imports triton unguarded; without triton "
+    "(CPU torch, torch_npu) a stand-in with the same switches loads instead and refuses --batch-invariant-mode",
+    subsystem=SUBSYSTEM,
+    megatron_versions=VERSIONS,
+    create=True,
+)
+def _batch_invariant_kernels(original: Any, accelerator: Accelerator) -> types.ModuleType:
+    if BATCH_INVARIANT in sys.modules:
+        return sys.modules[BATCH_INVARIANT]
+    if importlib.util.find_spec("triton") is not None:
+        return importlib.import_module(BATCH_INVARIANT)  # the real kernels' module imports
+    module = _batch_invariant_stand_in()
+    sys.modules[BATCH_INVARIANT] = module  # `from ...batch_invariant_kernels import x` reads sys.modules
+    return module
+
+
+@register(
+    "megatron.core.datasets.utils.compile_helpers",
+    "megatron.core.datasets.utils:compile_helpers",
+    reason="initialize.py and run_simple_mcore_train_loop.py run `make` in the wheel's megatron/core/datasets, "
+    "which has no Makefile: the wheel ships the compiled helpers, so make runs only when they are missing",
+    subsystem=SUBSYSTEM,
+    megatron_versions=VERSIONS,
+)
+def _compile_helpers(original: Callable[[], None], accelerator: Accelerator) -> Callable[[], None]:
+    @functools.wraps(original)
+    def compile_helpers() -> None:
+        if importlib.util.find_spec("megatron.core.datasets.helpers_cpp") is not None:
+            return None
+        return original()
+
+    return compile_helpers
+
+
+# ----- initialisation -------------------------------------------------------------------------
+
+
+@_training_patch(
+    "megatron.training.initialize.initialize_megatron",
+    reason="initialize.py:62 asserts torch.cuda.is_available(); the accelerator is the device here (device_count, "
+    "set_device and seeding already answer for it, so model-parallel init and RNG seeding run as on CUDA)",
+)
+def _initialize_megatron(original: Callable[..., Any], accelerator: Accelerator) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def initialize_megatron(*args: Any, **kwargs: Any) -> Any:
+        if not accelerator.is_available():
+            raise SystemExit(report_start_error(
+                f"no {accelerator.device_type} device is visible to this process; "
+                f"check {accelerator.visible_devices_envvar}"))  # fmt: skip
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["allow_no_cuda"] = True
+        return original(*bound.args, **bound.kwargs)
+
+    return initialize_megatron
+
+
+@_training_patch(
+    "megatron.training.initialize._compile_dependencies",
+    reason="loads megatron/legacy/fused_kernels, which runs $CUDA_HOME/bin/nvcc -V; only the dataset helpers "
+    "(compile_helpers, shipped compiled in the wheel) apply off CUDA",
+)
+def _compile_dependencies(original: Callable[[], None], accelerator: Accelerator) -> Callable[[], None]:
+    def compile_dependencies() -> None:
+        from megatron.core.datasets.utils import compile_helpers
+
+        if torch.distributed.get_rank() == 0:
+            compile_helpers()
+        torch.distributed.barrier()  # as upstream: no rank reads the helpers before rank 0 built them
+
+    return compile_dependencies
+
+
+@_training_patch(
+    "megatron.training.initialize.set_jit_fusion_options",
+    reason="warms up megatron-core's torch.compile'd fusions (about 30 s per process on cpu, no npu backend); "
+    "skipped where the accelerator does not fuse them (the fusion flags are turned off in validate_args)",
+)
+def _set_jit_fusion_options(original: Callable[[], None], accelerator: Accelerator) -> Callable[[], None]:
+    @functools.wraps(original)
+    def set_jit_fusion_options() -> None:
+        if accelerator.supports_jit_fusion:
+            original()
+
+    return set_jit_fusion_options
+
+
+@_training_patch(
+    "megatron.training.utils.get_device_arch_version",
+    reason="reads the CUDA compute capability (get_device_properties().major); off CUDA there is no CUDA arch: 0, "
+    "so no Blackwell-only path is taken",
+)
+def _get_device_arch_version(original: Callable[[], int], accelerator: Accelerator) -> Callable[[], int]:
+    return lambda: 0
+
+
+@_training_patch(
+    "megatron.training.dist_signal_handler.get_device",
+    reason="the --exit-signal-handler maps only nccl/gloo to a device and raises for hccl; the accelerator's device",
+)
+def _signal_handler_device(original: Callable[..., Any], accelerator: Accelerator) -> Callable[..., Any]:
+    return lambda local_rank=None: accelerator.device(local_rank)
+
+
+# ----- arguments ------------------------------------------------------------------------------
+
+#: Defaults of Megatron-LM's parser that cannot apply off CUDA -> (attribute, value that works, why).
+_JIT_FUSIONS = ("bias_gelu_fusion", "bias_swiglu_fusion", "bias_dropout_fusion")
+
+
+def adapt_args(args: argparse.Namespace, argv: list[str], accelerator: Accelerator) -> None:
+    """Make Megatron-LM's parsed arguments run on ``accelerator``: refuse, or default to what works."""
+    refusal = device_refusal_message(argv)
+    if refusal is not None:
+        raise SystemExit(report_start_error(refusal))
+    given = _given_flags(argv)
+    if args.transformer_impl == "transformer_engine" and "--transformer-impl" not in given:
+        args.transformer_impl = "local"
+        _warn_once("--transformer-impl defaults to transformer_engine (CUDA-only): using local")
+    if args.distributed_backend != accelerator.communication_backend:
+        if "--distributed-backend" in given and args.distributed_backend != FOREIGN_BACKEND:
+            raise SystemExit(report_start_error(
+                f"--distributed-backend {args.distributed_backend} is not this device's backend; "
+                f"drop the flag ({accelerator.communication_backend} is used)"))  # fmt: skip
+        _warn_once(f"--distributed-backend {args.distributed_backend}: using {accelerator.communication_backend}")
+        args.distributed_backend = accelerator.communication_backend
+    if not accelerator.supports_jit_fusion:
+        enabled = [name for name in _JIT_FUSIONS if getattr(args, name, False)]
+        if enabled:
+            for name in enabled:
+                setattr(args, name, False)
+            _warn_once(f"{', '.join(enabled)}: megatron-core's torch.compile'd fusions do not run here: unfused")
+    if getattr(args, "gradient_accumulation_fusion", False) and importlib.util.find_spec(
+        "fused_weight_gradient_mlp_cuda"
+    ) is None:  # apex's CUDA extension; megatron-core raises at model build without it
+        args.gradient_accumulation_fusion = False
+        _warn_once("gradient_accumulation_fusion needs apex's CUDA extension: off")
+    if getattr(args, "profile", False) and not getattr(args, "use_pytorch_profiler", False):
+        args.use_pytorch_profiler = True
+        _warn_once("--profile uses nsys (cudaProfilerStart, emit_nvtx), CUDA-only: using --use-pytorch-profiler")
+    # The variable orders CUDA kernel launches; off CUDA it has no effect, so validate_args'
+    # demand for it (TP > 1 before Blackwell) guards nothing here.
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+
+
+@_training_patch(
+    "megatron.training.arguments.validate_args",
+    reason="defaults that cannot apply off CUDA become what works (transformer_engine -> local, nccl -> the "
+    "device's backend, jit fusions off, nsys -> torch profiler), one warning each; device-impossible flags "
+    "(fp8, TE, CUDA graphs, TP comm overlap) stop every rank with one line; the Megatron-LM version is checked",
+)
+def _validate_args(original: Callable[..., Any], accelerator: Accelerator) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def validate_args(args: argparse.Namespace, defaults: dict | None = None) -> Any:
+        adapt_args(args, sys.argv[1:], accelerator)
+        return original(args, {} if defaults is None else defaults)
+
+    return validate_args
