@@ -17,7 +17,7 @@ from megatron_npu.layout import planner, rankmap, ranktable
 from megatron_npu.layout.model_shape import ModelShape, default_ffn_hidden_size, pad_vocab_size
 from megatron_npu.layout.parallel_dims import TRAINER_FLAGS, ParallelDims
 from megatron_npu.layout.planner import ModelSpec, ParallelSpec, plan
-from megatron_npu.layout.rankmap import LayoutError, build_rank_map, validate_layout
+from megatron_npu.layout.rankmap import LayoutError, build_rank_map
 from megatron_npu.layout.ranktable import RankTableError, build_rank_table, parse_nic_text
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,16 +99,20 @@ def test_known_layouts():
 )
 def test_bad_layouts_refused(kwargs, message):
     with pytest.raises(LayoutError, match=message):
-        validate_layout(**kwargs)
+        ParallelDims.for_launch(**kwargs)
     with pytest.raises(LayoutError, match=message):
         build_rank_map(**kwargs)
 
 
-def test_validate_layout_signature_and_layers():
-    assert validate_layout(16, tp=8, pp=2, nnodes=2, nproc_per_node=8) == (16, 2, 8, 1)
-    assert validate_layout(tp=2, nnodes=1, nproc_per_node=8, num_layers=4) == (8, 1, 8, 4)
+def launch_sizes(dims: ParallelDims) -> tuple[int, int, int | None, int]:
+    return dims.world_size, dims.nnodes, dims.nproc_per_node, dims.dp
+
+
+def test_launch_layout_sizes_and_layers():
+    assert launch_sizes(ParallelDims.for_launch(16, tp=8, pp=2, nnodes=2, nproc_per_node=8)) == (16, 2, 8, 1)
+    assert launch_sizes(ParallelDims.for_launch(tp=2, nnodes=1, nproc_per_node=8, num_layers=4)) == (8, 1, 8, 4)
     with pytest.raises(LayoutError, match="--num-layers 5 is not divisible by --pp 2"):
-        validate_layout(tp=2, pp=2, nnodes=1, nproc_per_node=8, num_layers=5)
+        build_rank_map(tp=2, pp=2, nnodes=1, nproc_per_node=8, num_layers=5)
 
 
 # ---- the layout object: one rule, one message each --------------------------------------------

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 from distributed import ROOT, Job, base_env, run, torchrun
+from pretrain_runs import MOCK_DATA, NO_DROPOUT
+from pretrain_runs import MODEL as PROJECT_MODEL
 
 TARBALL_ENVVAR = "MEGATRON_LM_TARBALL"
 TARBALL_NAME = "megatron-lm-core_v0.16.1-training.tar.gz"
@@ -31,19 +33,11 @@ pytestmark = pytest.mark.skipif(
     reason=f"Megatron-LM extract not found at {TARBALL} (set {TARBALL_ENVVAR} to its .tar.gz)",
 )
 
-# A tiny GPT as in tests/pretrain_runs.py: 4 layers (one per virtual stage under PP2 x VPP2),
-# 8 samples per step = 4 micro-batches under DP1, no dropout so layouts compare exactly.
-MODEL = [
-    "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
-    "--seq-length", "32", "--max-position-embeddings", "32",
-    "--micro-batch-size", "2", "--global-batch-size", "8",
-    "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2",
-    "--weight-decay", "0.01", "--clip-grad", "1.0", "--seed", "1234",
-    "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1", "--num-workers", "0",
-    "--attention-dropout", "0", "--hidden-dropout", "0",
-    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
-    "--train-iters", "6", "--use-distributed-optimizer",
-]  # fmt: skip
+# tests/pretrain_runs.py's tiny GPT (4 layers: one per virtual stage under PP2 x VPP2; 8 samples per
+# step = 4 micro-batches under DP1), no dropout so layouts compare exactly, no evaluation (argparse:
+# the later --eval-interval wins, in Megatron-LM's parser as in ours).
+MODEL = [*PROJECT_MODEL, "--eval-interval", "1000", *NO_DROPOUT, *MOCK_DATA, "--train-iters", "6",
+         "--use-distributed-optimizer"]  # fmt: skip
 SAVE_AT = 3
 LOSS_LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.Ee+-]+)")
 RESUMED = (4, 5, 6)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from megatron_npu.layout.parallel_dims import LayoutError, ParallelDims
 
-__all__ = ["LayoutError", "ParallelDims", "RankEntry", "RankMap", "build_rank_map", "validate_layout"]
+__all__ = ["LayoutError", "ParallelDims", "RankEntry", "RankMap", "build_rank_map"]
 
 ORDER = "tp-cp-ep-dp-pp"  # initialize_model_parallel's default order
 
@@ -67,24 +67,6 @@ class RankMap:
         }
 
 
-def validate_layout(
-    world_size: int | None = None,
-    tp: int = 1,
-    pp: int = 1,
-    cp: int = 1,
-    ep: int = 1,
-    vpp: int | None = None,
-    *,
-    nnodes: int | None = None,
-    nproc_per_node: int | None = None,
-    num_layers: int | None = None,
-) -> tuple[int, int, int, int]:
-    """Check a layout before any process group exists; returns (world, nnodes, nproc, dp)."""
-    dims = ParallelDims.for_launch(world_size, tp, pp, cp, ep, vpp, nnodes=nnodes, nproc_per_node=nproc_per_node,
-                                   num_layers=num_layers)  # fmt: skip
-    return dims.world_size, dims.nnodes, dims.nproc_per_node or dims.world_size, dims.dp
-
-
 def build_rank_map(
     world_size: int | None = None,
     tp: int = 1,
@@ -96,8 +78,10 @@ def build_rank_map(
     nnodes: int | None = None,
     nproc_per_node: int | None = None,
     hosts: list[str] | None = None,
+    num_layers: int | None = None,
 ) -> RankMap:
-    dims = ParallelDims.for_launch(world_size, tp, pp, cp, ep, vpp, nnodes=nnodes, nproc_per_node=nproc_per_node)
+    dims = ParallelDims.for_launch(world_size, tp, pp, cp, ep, vpp, nnodes=nnodes, nproc_per_node=nproc_per_node,
+                                   num_layers=num_layers)  # fmt: skip
     world, nnodes, nproc, dp = dims.world_size, dims.nnodes, dims.nproc_per_node or dims.world_size, dims.dp
     if hosts is not None and len(hosts) != nnodes:
         raise LayoutError(f"--hosts lists {len(hosts)} hosts but --nnodes is {nnodes}")
@@ -188,10 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     hosts = args.hosts.split(",") if args.hosts else None
     try:
-        validate_layout(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, vpp=args.vpp, nnodes=args.nnodes,
-                        nproc_per_node=args.nproc_per_node, num_layers=args.num_layers)  # fmt: skip
-        rmap = build_rank_map(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, vpp=args.vpp,
-                              nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, hosts=hosts)  # fmt: skip
+        rmap = build_rank_map(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, vpp=args.vpp, nnodes=args.nnodes,
+                              nproc_per_node=args.nproc_per_node, hosts=hosts, num_layers=args.num_layers)  # fmt: skip
     except LayoutError as exc:
         print(f"rankmap: error: {exc}", file=sys.stderr)
         return 2
