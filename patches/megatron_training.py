@@ -29,34 +29,16 @@ from typing import Any
 
 import torch
 
-from megatron_npu.accelerator.base import Accelerator
-from megatron_npu.policy import REFUSED, FlagPolicy
+from megatron_npu.accelerator.base import Accelerator, UnsupportedBackend
+from megatron_npu.policy import DEVICE_REFUSED
 from megatron_npu.registry import register
 from megatron_npu.start_errors import report_start_error
 from megatron_npu.version import TESTED_MEGATRON_CORE_RANGE, UnsupportedMegatronVersion, check_megatron_lm
 
 SUBSYSTEM = "megatron_training"
-FOREIGN_BACKEND = "nccl"  # Megatron-LM's --distributed-backend default, the one this patch set replaces
 VERSIONS = TESTED_MEGATRON_CORE_RANGE  # megatron-core range; Megatron-LM's own version is checked at import
 
 BATCH_INVARIANT = "megatron.core.transformer.custom_layers.batch_invariant_kernels"
-
-#: Rows of this project's flag policy that are about the device, not about this project's
-#: trainer: upstream Megatron-LM off CUDA refuses them too. Its own trainer has MoE, CP, FSDP,
-#: ..., so the trainer-scope rows do not apply to it. A row belongs here when it shares the
-#: reason of one of these anchors (Transformer Engine, fp8/fp4, CUDA graphs, TP comm overlap);
-#: the wording stays in megatron_npu/policy.py.
-DEVICE_REASON_ANCHORS = ("--transformer-impl", "--fp8*", "--cuda-graph-*", "--tp-comm-*", "--apply-layernorm-1p")
-
-
-def _device_refusals() -> tuple[FlagPolicy, ...]:
-    rows = {row.flag: row for row in REFUSED}
-    missing = [flag for flag in DEVICE_REASON_ANCHORS if flag not in rows]
-    if missing:  # the policy table moved on: fail loudly rather than refuse nothing
-        raise RuntimeError(f"megatron_training patches: refusal rows {missing} are gone from megatron_npu.policy")
-    reasons = {rows[flag].reason for flag in DEVICE_REASON_ANCHORS}
-    return tuple(row for row in REFUSED if row.reason in reasons)
-
 
 def _given_flags(argv: list[str]) -> dict[str, str | None]:
     """Option strings on the command line, with the value that follows each (None: none)."""
@@ -71,9 +53,12 @@ def _given_flags(argv: list[str]) -> dict[str, str | None]:
 
 
 def device_refusal_message(argv: list[str]) -> str | None:
-    """The one-line refusal for the first device-impossible flag in ``argv``, or None."""
+    """The one-line refusal for the first device-impossible flag in ``argv``, or None.
+
+    Only the policy's device rows: upstream Megatron-LM has its own MoE, CP, FSDP, ..., so
+    the rows about this project's trainer do not apply to it."""
     for name, value in _given_flags(argv).items():
-        for row in _device_refusals():
+        for row in DEVICE_REFUSED:
             if not row.matches(name):
                 continue
             if row.allowed is not None and value in row.allowed:
@@ -249,7 +234,8 @@ def _signal_handler_device(original: Callable[..., Any], accelerator: Accelerato
 
 # ----- arguments ------------------------------------------------------------------------------
 
-#: Defaults of Megatron-LM's parser that cannot apply off CUDA -> (attribute, value that works, why).
+#: Megatron-LM's torch.compile'd fusion switches, turned off with a warning where the accelerator has no jit
+#: fuser (patches/transformer.py turns the same fields off in any TransformerConfig; this names the flags).
 _JIT_FUSIONS = ("bias_gelu_fusion", "bias_swiglu_fusion", "bias_dropout_fusion")
 
 
@@ -262,13 +248,13 @@ def adapt_args(args: argparse.Namespace, argv: list[str], accelerator: Accelerat
     if args.transformer_impl == "transformer_engine" and "--transformer-impl" not in given:
         args.transformer_impl = "local"
         _warn_once("--transformer-impl defaults to transformer_engine (CUDA-only): using local")
-    if args.distributed_backend != accelerator.communication_backend:
-        if "--distributed-backend" in given and args.distributed_backend != FOREIGN_BACKEND:
-            raise SystemExit(report_start_error(
-                f"--distributed-backend {args.distributed_backend} is not this device's backend; "
-                f"drop the flag ({accelerator.communication_backend} is used)"))  # fmt: skip
-        _warn_once(f"--distributed-backend {args.distributed_backend}: using {accelerator.communication_backend}")
-        args.distributed_backend = accelerator.communication_backend
+    try:  # the accelerator says which requested backends it runs, and as what (this trainer asks the same)
+        backend = accelerator.collective_backend_for(args.distributed_backend)
+    except UnsupportedBackend as error:
+        raise SystemExit(report_start_error(f"--distributed-backend {args.distributed_backend}: {error}")) from None
+    if backend != args.distributed_backend:
+        _warn_once(f"--distributed-backend {args.distributed_backend}: using {backend}")
+        args.distributed_backend = backend
     if not accelerator.supports_jit_fusion:
         enabled = [name for name in _JIT_FUSIONS if getattr(args, name, False)]
         if enabled:

@@ -674,3 +674,26 @@ def test_args_defaults_satisfy_a_required_flag_before_validation():
     args = parse_args([*base, "--tokenizer-type", "NullTokenizer", "--vocab-size", "64"], world_size=1,
                       check_paths=False, args_defaults={"vocab_size": 128})
     assert args.vocab_size == 64
+
+
+def test_upstream_megatron_lm_backend_goes_through_the_same_accelerator_question(capsys):
+    """patches/megatron_training.py maps Megatron-LM's --distributed-backend as this trainer does."""
+    import argparse
+
+    from megatron_npu.patches.megatron_training import adapt_args
+
+    from megatron_npu.accelerator.cpu import CpuAccelerator
+    from megatron_npu.accelerator.cuda import CudaAccelerator
+
+    def adapted(backend: str, accelerator) -> argparse.Namespace:
+        args = argparse.Namespace(transformer_impl="local", distributed_backend=backend)
+        adapt_args(args, ["--distributed-backend", backend], accelerator)
+        return args
+
+    assert adapted("nccl", CpuAccelerator()).distributed_backend == "gloo"
+    assert "--distributed-backend nccl: using gloo" in capsys.readouterr().err
+    assert adapted("gloo", CudaAccelerator()).distributed_backend == "gloo"
+    with pytest.raises(SystemExit) as stopped:
+        adapted("hccl", CudaAccelerator())  # built without a GPU: only its table is read
+    assert stopped.value.code == 2
+    assert "megatron-npu: error: --distributed-backend hccl: the cuda target cannot run hccl" in capsys.readouterr().err
