@@ -50,15 +50,56 @@ def _free_port() -> int:
 
 def _megatron_flags(a: argparse.Namespace, total_iters: int) -> list[str]:
     return [
-        "--num-layers", str(a.layers), "--hidden-size", str(a.hidden), "--num-attention-heads", str(a.heads),
-        "--seq-length", str(a.seq), "--max-position-embeddings", str(a.seq),
-        "--micro-batch-size", str(a.mbs), "--global-batch-size", str(a.gbs),
-        "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(a.vocab),
-        "--train-iters", str(total_iters), "--lr", "1e-3", "--min-lr", "1e-3", "--lr-decay-style", "constant",
-        "--weight-decay", "0.01", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--adam-eps", "1e-8",
-        "--clip-grad", "1.0", "--seed", "1234", "--attention-dropout", "0", "--hidden-dropout", "0",
-        "--log-interval", str(10 * total_iters + 1), "--eval-iters", "0", "--num-workers", "0",
-    ]  # fmt: skip
+        "--num-layers",
+        str(a.layers),
+        "--hidden-size",
+        str(a.hidden),
+        "--num-attention-heads",
+        str(a.heads),
+        "--seq-length",
+        str(a.seq),
+        "--max-position-embeddings",
+        str(a.seq),
+        "--micro-batch-size",
+        str(a.mbs),
+        "--global-batch-size",
+        str(a.gbs),
+        "--mock-data",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        str(a.vocab),
+        "--train-iters",
+        str(total_iters),
+        "--lr",
+        "1e-3",
+        "--min-lr",
+        "1e-3",
+        "--lr-decay-style",
+        "constant",
+        "--weight-decay",
+        "0.01",
+        "--adam-beta1",
+        "0.9",
+        "--adam-beta2",
+        "0.95",
+        "--adam-eps",
+        "1e-8",
+        "--clip-grad",
+        "1.0",
+        "--seed",
+        "1234",
+        "--attention-dropout",
+        "0",
+        "--hidden-dropout",
+        "0",
+        "--log-interval",
+        str(10 * total_iters + 1),
+        "--eval-iters",
+        "0",
+        "--num-workers",
+        "0",
+    ]
 
 
 def _batches(a: argparse.Namespace, steps: int, device) -> list[list[dict]]:
@@ -74,8 +115,14 @@ def _batches(a: argparse.Namespace, steps: int, device) -> list[list[dict]]:
         for _ in range(num_mb):
             text = torch.randint(0, a.vocab, (a.mbs, a.seq + 1), generator=g)
             mask = (torch.rand(a.mbs, a.seq, generator=g) > 0.05).float()  # a few masked tokens
-            step.append({"tokens": text[:, :-1].contiguous().to(device), "labels": text[:, 1:].contiguous().to(device),
-                         "loss_mask": mask.to(device), "position_ids": positions.to(device)})  # fmt: skip
+            step.append(
+                {
+                    "tokens": text[:, :-1].contiguous().to(device),
+                    "labels": text[:, 1:].contiguous().to(device),
+                    "loss_mask": mask.to(device),
+                    "position_ids": positions.to(device),
+                }
+            )
         out.append(step)
     return out
 
@@ -111,15 +158,18 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(a.threads)
     accelerator = get_accelerator()
-    print(f"imports {time.perf_counter() - t_import:.1f} s; target {accelerator.device_type}, "
-          f"{a.threads} thread(s)", flush=True)  # fmt: skip
+    print(
+        f"imports {time.perf_counter() - t_import:.1f} s; target {accelerator.device_type}, {a.threads} thread(s)",
+        flush=True,
+    )
 
     # ---- the trainer, assembled as loop.pretrain() does --------------------------------
     args, tokenizer = setup_args(_megatron_flags(a, total), None)
     global_vars.set_global("args", args)
     global_vars.set_global("tokenizer", tokenizer)
-    dist.init_process_group(accelerator.communication_backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
-                            rank=0, world_size=1)  # fmt: skip
+    dist.init_process_group(
+        accelerator.communication_backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+    )
     initialize_distributed(args)
     set_random_seed(args.seed, args.data_parallel_random_init)
     timers = build_timers(args.timing_log_level, args.timing_log_option)
@@ -141,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     decay = [p for n, p in names.items() if not (p.ndim == 1 or n.endswith(".bias"))]
     plain_opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
-    )  # fmt: skip
+        lr=args.lr,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_eps,
+    )
     groups = {(g["lr"], g["weight_decay"], sum(p.numel() for p in g["params"])) for g in optimizer.param_groups}
     mine = {(g["lr"], g["weight_decay"], sum(p.numel() for p in g["params"])) for g in plain_opt.param_groups}
     if groups != mine:
@@ -152,8 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     num_mb = a.gbs // a.mbs
     data = _batches(a, total, device)
     n_params = sum(p.numel() for p in params)
-    print(f"GPT {a.layers} layers, hidden {a.hidden}, {a.heads} heads, seq {a.seq}, vocab {args.padded_vocab_size}: "
-          f"{n_params / 1e6:.2f} M parameters; {num_mb} micro-batches of {a.mbs} per step", flush=True)  # fmt: skip
+    print(
+        f"GPT {a.layers} layers, hidden {a.hidden}, {a.heads} heads, seq {a.seq}, vocab {args.padded_vocab_size}: "
+        f"{n_params / 1e6:.2f} M parameters; {num_mb} micro-batches of {a.mbs} per step",
+        flush=True,
+    )
 
     # ---- one iteration of each loop ----------------------------------------------------
     trainer_losses: list[float] = []
@@ -216,11 +271,16 @@ def main(argv: list[str] | None = None) -> int:
     rel = max(d / abs(y) for d, y in zip(diffs, plain_losses, strict=True))
     print(f"\n{a.iters} timed iterations each (after {a.warmup} warm-up), interleaved; {run_s:.1f} s in all")
     print(f"{'loop':<22}{'median ms':>10}{'min ms':>9}{'max ms':>9}")
-    for name, values in (("trainer", times["trainer"]), ("trainer train_step", step_times[a.warmup:]),
-                         ("plain", times["plain"])):  # fmt: skip
+    for name, values in (
+        ("trainer", times["trainer"]),
+        ("trainer train_step", step_times[a.warmup :]),
+        ("plain", times["plain"]),
+    ):
         print(f"{name:<22}{1e3 * med[name]:>10.1f}{1e3 * min(values):>9.1f}{1e3 * max(values):>9.1f}")
-    print(f"\nloss after {total} steps: trainer {trainer_losses[-1]:.6f}  plain {plain_losses[-1]:.6f}  "
-          f"(first {trainer_losses[0]:.6f}); max |diff| over all steps {max(diffs):.2e} (relative {rel:.2e})")  # fmt: skip
+    print(
+        f"\nloss after {total} steps: trainer {trainer_losses[-1]:.6f}  plain {plain_losses[-1]:.6f}  "
+        f"(first {trainer_losses[0]:.6f}); max |diff| over all steps {max(diffs):.2e} (relative {rel:.2e})"
+    )
     print(
         f"ratio trainer/plain (loop iteration): {ratio:.3f}   target <= {TARGET}: {'yes' if ratio <= TARGET else 'NO'}"
     )

@@ -38,15 +38,27 @@ def train() -> None:
     import sentencepiece as spm
 
     spm.SentencePieceTrainer.train(
-        input=str(HERE / "demo_corpus.txt"), model_prefix=str(HERE / "demo_spm"),
-        vocab_size=6000, model_type="bpe", pad_id=0, unk_id=1, bos_id=2, eos_id=3,
-        character_coverage=1.0, byte_fallback=True, num_threads=2, minloglevel=2)
+        input=str(HERE / "demo_corpus.txt"),
+        model_prefix=str(HERE / "demo_spm"),
+        vocab_size=6000,
+        model_type="bpe",
+        pad_id=0,
+        unk_id=1,
+        bos_id=2,
+        eos_id=3,
+        character_coverage=1.0,
+        byte_fallback=True,
+        num_threads=2,
+        minloglevel=2,
+    )
 
 
 if __name__ == "__main__":
     build_corpus()
-    with open(HERE / "demo_corpus.jsonl", encoding="utf-8") as f, \
-            open(HERE / "demo_corpus.txt", "w", encoding="utf-8") as out:
+    with (
+        open(HERE / "demo_corpus.jsonl", encoding="utf-8") as f,
+        open(HERE / "demo_corpus.txt", "w", encoding="utf-8") as out,
+    ):
         for line in f:
             out.write(json.loads(line)["text"] + "\n")
     train()

@@ -14,11 +14,17 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("megatron_npu.doctor", "target, backend, versions and the applied patches"),
     "preprocess": ("megatron_npu.data.preprocess", "jsonl -> Megatron .bin/.idx (preprocess_data.py flags)"),
     "patches": ("megatron_npu.doctor", "list the patch set (alias of doctor --patches)"),
-    "migrate": ("megatron_npu.migrate.cli", "Megatron-LM launch script / --yaml-cfg -> NPU (--list-rules for the rules)"),
+    "migrate": (
+        "megatron_npu.migrate.cli",
+        "Megatron-LM launch script / --yaml-cfg -> NPU (--list-rules for the rules)",
+    ),
     "rankmap": ("megatron_npu.layout.rankmap", "rank -> node/device and TP/PP/DP/CP groups; refuses TP across nodes"),
     "plan": ("megatron_npu.layout.planner", "bytes per rank per iteration for TP/PP/DP/embedding, intra vs inter node"),
     "ranktable": ("megatron_npu.layout.ranktable", "HCCL rank table (RANK_TABLE_FILE) from hosts and NPU NIC ips"),
-    "perf-report": ("megatron_npu.perf.report", "five-point health check of a run: comm share, node traffic, balance, data loader, grad reduce"),
+    "perf-report": (
+        "megatron_npu.perf.report",
+        "five-point health check of a run: comm share, node traffic, balance, data loader, grad reduce",
+    ),
 }
 
 

@@ -25,15 +25,53 @@ PRETRAIN = Path(__file__).resolve().parents[1] / "pretrain_gpt.py"
 
 # A GPT small enough for 2 CPU cores: 6144-token vocabulary, 4 layers of width 128.
 MODEL_FLAGS = [
-    "--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4",
-    "--seq-length", "128", "--max-position-embeddings", "128",
-    "--micro-batch-size", "4", "--global-batch-size", "16",
-    "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine", "--lr-warmup-iters", "10",
-    "--weight-decay", "0.1", "--clip-grad", "1.0", "--attention-dropout", "0", "--hidden-dropout", "0",
-    "--tokenizer-type", "GPTSentencePieceTokenizer", "--split", "98,2,0",
-    "--log-interval", "10", "--eval-interval", "50", "--eval-iters", "2", "--num-workers", "0",
-    "--use-distributed-optimizer", "--log-throughput", "--timing-log-level", "1",
-]  # fmt: skip
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "128",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "128",
+    "--max-position-embeddings",
+    "128",
+    "--micro-batch-size",
+    "4",
+    "--global-batch-size",
+    "16",
+    "--lr",
+    "3e-3",
+    "--min-lr",
+    "3e-4",
+    "--lr-decay-style",
+    "cosine",
+    "--lr-warmup-iters",
+    "10",
+    "--weight-decay",
+    "0.1",
+    "--clip-grad",
+    "1.0",
+    "--attention-dropout",
+    "0",
+    "--hidden-dropout",
+    "0",
+    "--tokenizer-type",
+    "GPTSentencePieceTokenizer",
+    "--split",
+    "98,2,0",
+    "--log-interval",
+    "10",
+    "--eval-interval",
+    "50",
+    "--eval-iters",
+    "2",
+    "--num-workers",
+    "0",
+    "--use-distributed-optimizer",
+    "--log-throughput",
+    "--timing-log-level",
+    "1",
+]
 
 
 def _free_port() -> int:
@@ -44,14 +82,31 @@ def _free_port() -> int:
 
 def build_command(args: argparse.Namespace, data_prefix: str, tokenizer_model: str, output: Path) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.nproc}",
-        "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(PRETRAIN),
-        *MODEL_FLAGS, "--train-iters", str(args.iters),
-        "--tensor-model-parallel-size", str(args.tp), "--pipeline-model-parallel-size", str(args.pp),
-        "--data-path", data_prefix, "--tokenizer-model", tokenizer_model,
-        "--save", str(output / "checkpoints"), "--save-interval", str(args.iters),
-        "--log-dir", str(output / "logs"),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={args.nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+        str(PRETRAIN),
+        *MODEL_FLAGS,
+        "--train-iters",
+        str(args.iters),
+        "--tensor-model-parallel-size",
+        str(args.tp),
+        "--pipeline-model-parallel-size",
+        str(args.pp),
+        "--data-path",
+        data_prefix,
+        "--tokenizer-model",
+        tokenizer_model,
+        "--save",
+        str(output / "checkpoints"),
+        "--save-interval",
+        str(args.iters),
+        "--log-dir",
+        str(output / "logs"),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo failed (exit {status})", file=sys.stderr)
         return status
     losses = [json.loads(line)["lm_loss"] for line in metrics_file.read_text().splitlines() if '"lm_loss"' in line]
-    print(f"\nloss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} iterations "
-          f"(TP{args.tp} x PP{args.pp}, {time.monotonic() - started:.0f} s); "
-          f"checkpoint in {output / 'checkpoints'}, logs in {output / 'logs'}")  # fmt: skip
+    print(
+        f"\nloss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} iterations "
+        f"(TP{args.tp} x PP{args.pp}, {time.monotonic() - started:.0f} s); "
+        f"checkpoint in {output / 'checkpoints'}, logs in {output / 'logs'}"
+    )
     return 0

@@ -143,17 +143,22 @@ def render(report: dict[str, Any], patches_only: bool = False) -> str:
             "fused ops: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["fused_ops"].items()),
         ]
         for row in report["environment"]:
-            on_ascend = f"{row['to']} on Ascend" if row["to"] else {"comment": "no Ascend counterpart"}.get(
-                row["action"], "kept on Ascend")
+            on_ascend = (
+                f"{row['to']} on Ascend"
+                if row["to"]
+                else {"comment": "no Ascend counterpart"}.get(row["action"], "kept on Ascend")
+            )
             lines.append(f"env      : {row['name']} -> {on_ascend} ({row['reason']})")
     lm = report.get("megatron_lm")
     if lm is not None and not patches_only:
         if lm["importable"]:
             active = sum(1 for state in lm["patches"].values() if state != "inactive")
-            lines.append(f"megatron-lm: {lm['version']} at {lm['path']} (from {lm['version_source']}); "
-                         f"megatron-core {lm['megatron_core']}; tested with {lm['tested_release']}: "
-                         f"{'yes' if lm['tested'] is True else 'NO'}; "
-                         f"{active} of {len(lm['patches'])} megatron_training patches apply")
+            lines.append(
+                f"megatron-lm: {lm['version']} at {lm['path']} (from {lm['version_source']}); "
+                f"megatron-core {lm['megatron_core']}; tested with {lm['tested_release']}: "
+                f"{'yes' if lm['tested'] is True else 'NO'}; "
+                f"{active} of {len(lm['patches'])} megatron_training patches apply"
+            )
         else:
             lines.append("megatron-lm: no megatron/training importable (this project's pretrain_gpt.py needs none)")
     rows = report["patches"]
@@ -162,7 +167,9 @@ def render(report: dict[str, Any], patches_only: bool = False) -> str:
         if row["state"] != "inactive":
             by_subsystem[row["subsystem"]] = by_subsystem.get(row["subsystem"], 0) + 1
     active = sum(by_subsystem.values())
-    lines.append(f"patches  : {active} active of {len(rows)} ({', '.join(f'{k} {v}' for k, v in by_subsystem.items())})")
+    lines.append(
+        f"patches  : {active} active of {len(rows)} ({', '.join(f'{k} {v}' for k, v in by_subsystem.items())})"
+    )
     for row in rows:
         if row["state"] == "inactive":
             continue

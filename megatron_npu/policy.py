@@ -120,13 +120,15 @@ _GC = "the trainer keeps Python's default garbage collector"
 _NO_HISTORY = "no allocator history is recorded"
 
 
-def _refused(flag: str, reason: str, alternative: str = _DROP, allowed: tuple[str, ...] | None = None,
-             **migrate: Any) -> FlagPolicy:
+def _refused(
+    flag: str, reason: str, alternative: str = _DROP, allowed: tuple[str, ...] | None = None, **migrate: Any
+) -> FlagPolicy:
     return FlagPolicy(flag, "refused", reason, alternative, allowed, **migrate)
 
 
-def _device(flag: str, reason: str, alternative: str = _DROP, allowed: tuple[str, ...] | None = None,
-            **migrate: Any) -> FlagPolicy:
+def _device(
+    flag: str, reason: str, alternative: str = _DROP, allowed: tuple[str, ...] | None = None, **migrate: Any
+) -> FlagPolicy:
     """Refused because Ascend cannot run it (CUDA-only or no fp8): whatever the trainer."""
     return FlagPolicy(flag, "refused", reason, alternative, allowed, scope="device", **migrate)
 
@@ -142,11 +144,21 @@ def _mapped(flag: str, name: str, reason: str, allowed: tuple[str, ...] | None =
 # Exact rows before patterns within each outcome: flag_policy() returns the first match.
 FLAG_POLICY: tuple[FlagPolicy, ...] = (
     # ---- refused ---------------------------------------------------------------------
-    _device("--transformer-impl", _TE,
-             "use --transformer-impl local (the default; `megatron-npu migrate` rewrites it)", ("local",),
-             migrate="rewrite", name="transformer-impl", rewrite="transformer_engine=local"),
-    _refused("--ckpt-format", "only the torch_dist distributed checkpoint format is supported",
-             "use --ckpt-format torch_dist (the default)", ("torch_dist",)),
+    _device(
+        "--transformer-impl",
+        _TE,
+        "use --transformer-impl local (the default; `megatron-npu migrate` rewrites it)",
+        ("local",),
+        migrate="rewrite",
+        name="transformer-impl",
+        rewrite="transformer_engine=local",
+    ),
+    _refused(
+        "--ckpt-format",
+        "only the torch_dist distributed checkpoint format is supported",
+        "use --ckpt-format torch_dist (the default)",
+        ("torch_dist",),
+    ),
     _refused("--context-parallel-size", _CP, "use --context-parallel-size 1 (the default)", ("1",)),
     _refused("--cp-comm-type", _CP, _DROP, ("p2p",)),
     _refused("--hierarchical-context-parallel-sizes", _CP),
@@ -155,18 +167,17 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     _refused("--num-experts", _MOE, "drop --num-experts (dense model)", ("0", "None")),
     _refused("--moe-*", _MOE),
     # CUDA graphs and TE's TP overlap are optimisations: migrate drops them (same math).
-    _device("--cuda-graph-impl", _CUDA_GRAPH, _DROP, ("none",), migrate="drop", name="cuda-graph-impl",
-             takes_value=True),
+    _device(
+        "--cuda-graph-impl", _CUDA_GRAPH, _DROP, ("none",), migrate="drop", name="cuda-graph-impl", takes_value=True
+    ),
     _device("--cuda-graph-scope", _CUDA_GRAPH, migrate="drop", name="cuda-graph-scope", takes_value=True),
-    _device("--cuda-graph-warmup-steps", _CUDA_GRAPH, migrate="drop", name="cuda-graph-warmup",
-             takes_value=True),
+    _device("--cuda-graph-warmup-steps", _CUDA_GRAPH, migrate="drop", name="cuda-graph-warmup", takes_value=True),
     _device("--enable-cuda-graph", _CUDA_GRAPH, migrate="drop", name="cuda-graph"),
     _device("--external-cuda-graph", _CUDA_GRAPH, migrate="drop", name="external-cuda-graph"),
     _device("--cuda-graph-*", _CUDA_GRAPH),
     _device("--te-rng-tracker", _TE, migrate="drop", name="te-rng-tracker"),
     _device("--tp-comm-overlap-cfg", _TP_OVERLAP, migrate="drop", name="tp-comm-overlap-cfg", takes_value=True),
-    _device("--tp-comm-bootstrap-backend", _TP_OVERLAP, migrate="drop", name="tp-comm-bootstrap",
-             takes_value=True),
+    _device("--tp-comm-bootstrap-backend", _TP_OVERLAP, migrate="drop", name="tp-comm-bootstrap", takes_value=True),
     _device("--tp-comm-*", _TP_OVERLAP, migrate="drop", name="tp-comm-overlap"),
     _device("--disable-tp-comm-*", _TP_OVERLAP, migrate="drop", name="tp-comm-options"),
     # fp8/fp4 change the numerics: migrate asks (refuses unless --force, which drops them).
@@ -185,30 +196,48 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     _refused("--use-custom-fsdp", _FSDP, _DIST_OPT),
     _refused("--use-megatron-fsdp", _FSDP, _DIST_OPT),
     _refused("--async-save", "asynchronous checkpoint saving is not supported yet", "drop it (saves are synchronous)"),
-    _refused("--use-tp-pp-dp-mapping", "rank maps, rank tables and checks assume megatron-core's default order",
-             "drop it (the order is tp-cp-ep-dp-pp)"),
-    _refused("--pretrained-checkpoint", "loading from a second checkpoint root is not supported",
-             "use --load DIR --finetune"),
+    _refused(
+        "--use-tp-pp-dp-mapping",
+        "rank maps, rank tables and checks assume megatron-core's default order",
+        "drop it (the order is tp-cp-ep-dp-pp)",
+    ),
+    _refused(
+        "--pretrained-checkpoint", "loading from a second checkpoint root is not supported", "use --load DIR --finetune"
+    ),
     _refused("--iterations-to-skip", "skipping chosen iterations is not supported"),
-    _refused("--dataloader-type", "an external data loader needs code this trainer does not have",
-             "use --dataloader-type single (the default) or cyclic", ("single", "cyclic")),
+    _refused(
+        "--dataloader-type",
+        "an external data loader needs code this trainer does not have",
+        "use --dataloader-type single (the default) or cyclic",
+        ("single", "cyclic"),
+    ),
     _device("--apply-layernorm-1p", "zero-centered-gamma norms need Transformer Engine"),
-    _refused("--num-distributed-optimizer-instances", "one distributed-optimizer instance per DP group only",
-             "use --num-distributed-optimizer-instances 1 (the default)", ("1",)),
-    _refused("--use-legacy-models",
-             "legacy (non-megatron-core) models are gone; megatron-core models are always used"),
+    _refused(
+        "--num-distributed-optimizer-instances",
+        "one distributed-optimizer instance per DP group only",
+        "use --num-distributed-optimizer-instances 1 (the default)",
+        ("1",),
+    ),
+    _refused("--use-legacy-models", "legacy (non-megatron-core) models are gone; megatron-core models are always used"),
     _refused("--multi-latent-attention", "multi-latent attention is not supported by this trainer"),
     _refused("--mtp-num-layers", "multi-token prediction is not supported by this trainer"),
-    _refused("--decoder-first-pipeline-num-layers", _UNEVEN,
-             "make --num-layers divisible by --pipeline-model-parallel-size"),
-    _refused("--decoder-last-pipeline-num-layers", _UNEVEN,
-             "make --num-layers divisible by --pipeline-model-parallel-size"),
-    _refused("--pipeline-model-parallel-layout", "custom pipeline layouts are not supported by this trainer",
-             "use --num-layers-per-virtual-pipeline-stage for interleaving"),
+    _refused(
+        "--decoder-first-pipeline-num-layers", _UNEVEN, "make --num-layers divisible by --pipeline-model-parallel-size"
+    ),
+    _refused(
+        "--decoder-last-pipeline-num-layers", _UNEVEN, "make --num-layers divisible by --pipeline-model-parallel-size"
+    ),
+    _refused(
+        "--pipeline-model-parallel-layout",
+        "custom pipeline layouts are not supported by this trainer",
+        "use --num-layers-per-virtual-pipeline-stage for interleaving",
+    ),
     _refused("--account-for-embedding-in-pipeline-split", _UNEVEN),
     _refused("--account-for-loss-in-pipeline-split", _UNEVEN),
-    _refused("--overlap-param-gather-with-optimizer-step",
-             "Megatron-LM does not support it with distributed checkpointing (always on here)"),
+    _refused(
+        "--overlap-param-gather-with-optimizer-step",
+        "Megatron-LM does not support it with distributed checkpointing (always on here)",
+    ),
     # ---- ignored: accepted, no effect (args.ignored_flags; the trainer prints each once) --
     _ignored("--use-mcore-models", "megatron-core models are always used"),
     _ignored("--no-async-tensor-model-parallel-allreduce", "deprecated in Megatron-LM; no effect"),
@@ -220,16 +249,18 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     _ignored("--manual-gc-interval", _GC),
     _ignored("--no-manual-gc-eval", _GC),
     _ignored("--attention-backend", "the local transformer implementation picks the attention kernel for the device"),
-    _ignored("--use-checkpoint-args", "model arguments are not read back from the checkpoint; pass them on the "
-             "command line"),
+    _ignored(
+        "--use-checkpoint-args", "model arguments are not read back from the checkpoint; pass them on the command line"
+    ),
     _ignored("--use-mp-args-from-checkpoint-args", "parallel sizes are not read back from the checkpoint"),
     _ignored("--tiktoken-pattern", "TikTokenizer is not supported; the flag only applies to it"),
     _ignored("--no-create-attention-mask-in-dataloader", "the causal mask is built by the attention kernel"),
     _ignored("--empty-unused-memory-level", "the device allocator cache is not emptied per iteration"),
     _ignored("--log-energy", "energy counters are CUDA-only"),
     _ignored("--log-params-norm", "the parameter norm is not computed; the grad norm is logged"),
-    _ignored("--log-timers-to-tensorboard", "timers go to LOG_DIR/timers/*.jsonl (--timing-log-level 1), "
-             "not TensorBoard"),
+    _ignored(
+        "--log-timers-to-tensorboard", "timers go to LOG_DIR/timers/*.jsonl (--timing-log-level 1), not TensorBoard"
+    ),
     _ignored("--log-memory-to-tensorboard", "memory is not logged to TensorBoard"),
     _ignored("--log-world-size-to-tensorboard", "the world size is in LOG_DIR/args.json"),
     _ignored("--log-validation-ppl-to-tensorboard", "validation perplexity is always written to TensorBoard"),
@@ -243,25 +274,37 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     _ignored("--ckpt-assume-constant-structure", "each save builds its plan afresh"),
     _ignored("--log-progress", "progress is the iteration line and LOG_DIR/metrics.jsonl"),
     _ignored("--logging-level", "the trainer prints on rank 0 / the last rank only"),
-    _ignored("--no-barrier-with-level-1-timing",
-             "per-rank timers never barrier: each rank's own waits are what they show"),
+    _ignored(
+        "--no-barrier-with-level-1-timing", "per-rank timers never barrier: each rank's own waits are what they show"
+    ),
     _ignored("--train-sync-interval", "the host synchronises with the device once per iteration (for the timers)"),
     _ignored("--check-weight-hash-across-dp-replicas-interval", "DP replicas are not hashed"),
     _ignored("--ddp-num-buckets", "use --ddp-bucket-size"),
     _ignored("--ddp-pad-buckets-for-high-nccl-busbw", "an NCCL bus-bandwidth tuning; not applied"),
     # ---- mapped: honoured by the Ascend counterpart ------------------------------------
-    FlagPolicy("--distributed-backend", "mapped",
-               "the accelerator runs the collectives: nccl (Megatron-LM's default) is HCCL on Ascend, gloo on "
-               "the cpu target", migrate="rewrite", name="backend", rewrite="nccl=hccl"),
+    FlagPolicy(
+        "--distributed-backend",
+        "mapped",
+        "the accelerator runs the collectives: nccl (Megatron-LM's default) is HCCL on Ascend, gloo on the cpu target",
+        migrate="rewrite",
+        name="backend",
+        rewrite="nccl=hccl",
+    ),
     _mapped("--use-flash-attn", "flash-attn", "runs as torch_npu.npu_fusion_attention on NPU"),
     _mapped("--apply-rope-fusion", "rope-fusion", "runs as torch_npu.npu_rotary_mul on NPU"),
     _mapped("--swiglu", "swiglu", "the SwiGLU activation runs as torch_npu.npu_swiglu on NPU"),
     _mapped("--*bias-swiglu-fusion", "bias-swiglu-fusion", "runs as torch_npu.npu_swiglu on NPU"),
     _mapped("--normalization", "rmsnorm", "RMSNorm runs as torch_npu.npu_rms_norm on NPU", ("RMSNorm",)),
-    _mapped("--*gradient-accumulation-fusion", "grad-acc-fusion",
-            "pretrain_gpt.py uses apex's CUDA kernel only where it imports; on NPU the same math runs unfused"),
-    _mapped("--*masked-softmax-fusion", "masked-softmax-fusion",
-            "pretrain_gpt.py uses the CUDA masked-softmax kernel only where it imports; unfused on NPU"),
+    _mapped(
+        "--*gradient-accumulation-fusion",
+        "grad-acc-fusion",
+        "pretrain_gpt.py uses apex's CUDA kernel only where it imports; on NPU the same math runs unfused",
+    ),
+    _mapped(
+        "--*masked-softmax-fusion",
+        "masked-softmax-fusion",
+        "pretrain_gpt.py uses the CUDA masked-softmax kernel only where it imports; unfused on NPU",
+    ),
 )
 
 REFUSED: tuple[FlagPolicy, ...] = tuple(p for p in FLAG_POLICY if p.outcome == "refused")
@@ -274,31 +317,77 @@ MIGRATED: tuple[FlagPolicy, ...] = tuple(p for p in FLAG_POLICY if p.migrate)
 _NCCL_ONLY = "NCCL setting with no HCCL equivalent"
 
 ENV_POLICY: tuple[EnvPolicy, ...] = (
-    EnvPolicy("visible-devices", "CUDA_VISIBLE_DEVICES", "rename", "ASCEND_RT_VISIBLE_DEVICES",
-              "NPUs are selected by ASCEND_RT_VISIBLE_DEVICES"),
-    EnvPolicy("launch-blocking", "CUDA_LAUNCH_BLOCKING", "rename", "ASCEND_LAUNCH_BLOCKING",
-              "torch_npu's synchronous-launch switch for debugging"),
-    EnvPolicy("alloc-conf", "PYTORCH_CUDA_ALLOC_CONF", "rename", "PYTORCH_NPU_ALLOC_CONF",
-              "torch_npu's caching allocator reads PYTORCH_NPU_ALLOC_CONF (same expandable_segments syntax)"),
-    EnvPolicy("max-connections", "CUDA_DEVICE_MAX_CONNECTIONS", "keep", "",
-              "Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 when TP/CP>1; NPU scripts keep it"),
-    EnvPolicy("socket-ifname", "NCCL_SOCKET_IFNAME", "rename", "HCCL_SOCKET_IFNAME",
-              "HCCL bootstrap NIC, same ^/= syntax"),
-    EnvPolicy("buffsize", "NCCL_BUFFSIZE", "convert", "HCCL_BUFFSIZE",
-              "HCCL_BUFFSIZE is MB per communicator where NCCL_BUFFSIZE is bytes"),
+    EnvPolicy(
+        "visible-devices",
+        "CUDA_VISIBLE_DEVICES",
+        "rename",
+        "ASCEND_RT_VISIBLE_DEVICES",
+        "NPUs are selected by ASCEND_RT_VISIBLE_DEVICES",
+    ),
+    EnvPolicy(
+        "launch-blocking",
+        "CUDA_LAUNCH_BLOCKING",
+        "rename",
+        "ASCEND_LAUNCH_BLOCKING",
+        "torch_npu's synchronous-launch switch for debugging",
+    ),
+    EnvPolicy(
+        "alloc-conf",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "rename",
+        "PYTORCH_NPU_ALLOC_CONF",
+        "torch_npu's caching allocator reads PYTORCH_NPU_ALLOC_CONF (same expandable_segments syntax)",
+    ),
+    EnvPolicy(
+        "max-connections",
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+        "keep",
+        "",
+        "Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 when TP/CP>1; NPU scripts keep it",
+    ),
+    EnvPolicy(
+        "socket-ifname", "NCCL_SOCKET_IFNAME", "rename", "HCCL_SOCKET_IFNAME", "HCCL bootstrap NIC, same ^/= syntax"
+    ),
+    EnvPolicy(
+        "buffsize",
+        "NCCL_BUFFSIZE",
+        "convert",
+        "HCCL_BUFFSIZE",
+        "HCCL_BUFFSIZE is MB per communicator where NCCL_BUFFSIZE is bytes",
+    ),
     EnvPolicy("ib-timeout", "NCCL_IB_TIMEOUT", "rename", "HCCL_RDMA_TIMEOUT", "RoCE retransmission timeout"),
     EnvPolicy("ib-tc", "NCCL_IB_TC", "rename", "HCCL_RDMA_TC", "RoCE traffic class"),
     EnvPolicy("ib-sl", "NCCL_IB_SL", "rename", "HCCL_RDMA_SL", "RoCE service level"),
-    EnvPolicy("nccl-debug", "NCCL_DEBUG*", "comment", "",
-              "NCCL logging; on Ascend use ASCEND_GLOBAL_LOG_LEVEL / ASCEND_SLOG_PRINT_TO_STDOUT"),
+    EnvPolicy(
+        "nccl-debug",
+        "NCCL_DEBUG*",
+        "comment",
+        "",
+        "NCCL logging; on Ascend use ASCEND_GLOBAL_LOG_LEVEL / ASCEND_SLOG_PRINT_TO_STDOUT",
+    ),
     EnvPolicy("nccl-other", "NCCL_*", "comment", "", _NCCL_ONLY),
-    EnvPolicy("torch-nccl", "TORCH_NCCL_*", "comment", "",
-              "read by PyTorch's ProcessGroupNCCL only; the HCCL process group ignores it"),
+    EnvPolicy(
+        "torch-nccl",
+        "TORCH_NCCL_*",
+        "comment",
+        "",
+        "read by PyTorch's ProcessGroupNCCL only; the HCCL process group ignores it",
+    ),
     EnvPolicy("nvte", "NVTE_*", "comment", "", "Transformer Engine setting; TE is not used on NPU"),
-    EnvPolicy("connect-timeout", "HCCL_CONNECT_TIMEOUT", "add", "1200",
-              "HCCL link set-up times out after 120 s by default, too short for multi-node start-up"),
-    EnvPolicy("exec-timeout", "HCCL_EXEC_TIMEOUT", "add", "1836",
-              "explicit collective timeout (HCCL's default), the counterpart of NCCL's watchdog"),
+    EnvPolicy(
+        "connect-timeout",
+        "HCCL_CONNECT_TIMEOUT",
+        "add",
+        "1200",
+        "HCCL link set-up times out after 120 s by default, too short for multi-node start-up",
+    ),
+    EnvPolicy(
+        "exec-timeout",
+        "HCCL_EXEC_TIMEOUT",
+        "add",
+        "1836",
+        "explicit collective timeout (HCCL's default), the counterpart of NCCL's watchdog",
+    ),
 )
 
 

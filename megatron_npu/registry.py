@@ -177,9 +177,7 @@ class PatchRegistry:
                 if hit is not None and hit[0] is value:
                     original, replacement, patch_name = hit
                     setattr(module, attribute, replacement)
-                    self._replacements.append(
-                        _Replacement(module, attribute, original, patch_name, alias=True)
-                    )
+                    self._replacements.append(_Replacement(module, attribute, original, patch_name, alias=True))
 
     def _on_module_imported(self, module: ModuleType) -> None:
         with self._lock:

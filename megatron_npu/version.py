@@ -114,8 +114,8 @@ def check_megatron_lm() -> str:
     found = installed_megatron_lm()
     if found is None:
         raise UnsupportedMegatronVersion(
-            "megatron.training is not importable: put a Megatron-LM checkout "
-            f"({TESTED_MEGATRON_LM}) on PYTHONPATH")
+            f"megatron.training is not importable: put a Megatron-LM checkout ({TESTED_MEGATRON_LM}) on PYTHONPATH"
+        )
     version, source, root = found
     if Version(version) in SpecifierSet(TESTED_MEGATRON_LM_RANGE):
         return version

@@ -25,11 +25,33 @@ FOREIGN_DEVICE_TYPE = "cuda"
 SUBSYSTEM = "device_arguments"
 
 FACTORIES = (
-    "empty", "zeros", "ones", "full", "tensor", "as_tensor", "arange", "linspace", "logspace",
-    "eye", "rand", "randn", "randint", "randperm", "normal", "empty_like", "zeros_like",
-    "ones_like", "full_like", "rand_like", "randn_like", "randint_like", "empty_strided",
-    "scalar_tensor", "tril_indices", "triu_indices",
-)  # fmt: skip
+    "empty",
+    "zeros",
+    "ones",
+    "full",
+    "tensor",
+    "as_tensor",
+    "arange",
+    "linspace",
+    "logspace",
+    "eye",
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "normal",
+    "empty_like",
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "empty_strided",
+    "scalar_tensor",
+    "tril_indices",
+    "triu_indices",
+)
 TENSOR_NEW = ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor")
 
 

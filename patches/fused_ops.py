@@ -36,8 +36,9 @@ def _rotary(original: Callable | None, accelerator: Accelerator) -> Callable:
     # apply_rotary_pos_emb calls this slot only when config.apply_rope_fusion is set.
     unfused = importlib.import_module(ROPE)._apply_rotary_pos_emb_bshd
 
-    def fused_apply_rotary_pos_emb(t: Any, freqs: Any, transpose_output_memory: bool = False,
-                                   interleaved: bool = False) -> Any:  # fmt: skip
+    def fused_apply_rotary_pos_emb(
+        t: Any, freqs: Any, transpose_output_memory: bool = False, interleaved: bool = False
+    ) -> Any:
         if original is not None:  # Transformer Engine is installed: its kernel stays
             return original(t, freqs, transpose_output_memory=transpose_output_memory, interleaved=interleaved)
         if interleaved:  # the device kernel is half-split only
@@ -45,4 +46,3 @@ def _rotary(original: Callable | None, accelerator: Accelerator) -> Callable:
         return fused.rotary(t, freqs)
 
     return fused_apply_rotary_pos_emb
-

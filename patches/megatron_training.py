@@ -40,6 +40,7 @@ VERSIONS = TESTED_MEGATRON_CORE_RANGE  # megatron-core range; Megatron-LM's own 
 
 BATCH_INVARIANT = "megatron.core.transformer.custom_layers.batch_invariant_kernels"
 
+
 def _given_flags(argv: list[str]) -> dict[str, str | None]:
     """Option strings on the command line, with the value that follows each (None: none)."""
     given: dict[str, str | None] = {}
@@ -84,8 +85,9 @@ def _training_patch(name: str, reason: str) -> Callable[[Callable[[Any, Accelera
             return build(original, accelerator)
 
         module, attribute = name.rsplit(".", 1)
-        return register(name, f"{module}:{attribute}", reason=reason, subsystem=SUBSYSTEM,
-                        megatron_versions=VERSIONS)(checked)  # fmt: skip
+        return register(name, f"{module}:{attribute}", reason=reason, subsystem=SUBSYSTEM, megatron_versions=VERSIONS)(
+            checked
+        )
 
     return decorator
 
@@ -104,9 +106,12 @@ def _batch_invariant_stand_in() -> types.ModuleType:
     module = types.ModuleType(BATCH_INVARIANT, "batch-invariant kernels stand-in (triton is not importable)")
 
     def enable_batch_invariant_mode() -> None:
-        raise SystemExit(report_start_error(
-            "--batch-invariant-mode is not supported: its kernels are triton (CUDA) kernels and triton is not "
-            "installed; drop the flag"))  # fmt: skip
+        raise SystemExit(
+            report_start_error(
+                "--batch-invariant-mode is not supported: its kernels are triton (CUDA) kernels and triton is not "
+                "installed; drop the flag"
+            )
+        )
 
     def set_batch_invariant_mode(enabled: bool = True) -> None:
         if enabled:
@@ -117,9 +122,11 @@ def _batch_invariant_stand_in() -> types.ModuleType:
     module.disable_batch_invariant_mode = lambda: None  # type: ignore[attr-defined]
     module.is_batch_invariant_mode_enabled = lambda: False  # type: ignore[attr-defined]
     module.__all__ = [  # type: ignore[attr-defined]
-        "set_batch_invariant_mode", "is_batch_invariant_mode_enabled",
-        "disable_batch_invariant_mode", "enable_batch_invariant_mode",
-    ]  # fmt: skip
+        "set_batch_invariant_mode",
+        "is_batch_invariant_mode_enabled",
+        "disable_batch_invariant_mode",
+        "enable_batch_invariant_mode",
+    ]
     module.__megatron_npu_stand_in__ = True  # type: ignore[attr-defined]
     return module
 
@@ -175,9 +182,12 @@ def _initialize_megatron(original: Callable[..., Any], accelerator: Accelerator)
     @functools.wraps(original)
     def initialize_megatron(*args: Any, **kwargs: Any) -> Any:
         if not accelerator.is_available():
-            raise SystemExit(report_start_error(
-                f"no {accelerator.device_type} device is visible to this process; "
-                f"check {accelerator.visible_devices_envvar}"))  # fmt: skip
+            raise SystemExit(
+                report_start_error(
+                    f"no {accelerator.device_type} device is visible to this process; "
+                    f"check {accelerator.visible_devices_envvar}"
+                )
+            )
         bound = signature.bind(*args, **kwargs)
         bound.arguments["allow_no_cuda"] = True
         return original(*bound.args, **bound.kwargs)
@@ -261,9 +271,10 @@ def adapt_args(args: argparse.Namespace, argv: list[str], accelerator: Accelerat
             for name in enabled:
                 setattr(args, name, False)
             _warn_once(f"{', '.join(enabled)}: megatron-core's torch.compile'd fusions do not run here: unfused")
-    if getattr(args, "gradient_accumulation_fusion", False) and importlib.util.find_spec(
-        "fused_weight_gradient_mlp_cuda"
-    ) is None:  # apex's CUDA extension; megatron-core raises at model build without it
+    if (
+        getattr(args, "gradient_accumulation_fusion", False)
+        and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is None
+    ):  # apex's CUDA extension; megatron-core raises at model build without it
         args.gradient_accumulation_fusion = False
         _warn_once("gradient_accumulation_fusion needs apex's CUDA extension: off")
     if getattr(args, "profile", False) and not getattr(args, "use_pytorch_profiler", False):

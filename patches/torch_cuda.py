@@ -21,7 +21,13 @@ from megatron_npu.registry import register
 SUBSYSTEM = "torch_cuda"
 
 
-def _redirect(name: str, build: Callable[[Accelerator], Any], reason: str, requires: str = "patches_megatron_core", module: str = "torch.cuda") -> None:
+def _redirect(
+    name: str,
+    build: Callable[[Accelerator], Any],
+    reason: str,
+    requires: str = "patches_megatron_core",
+    module: str = "torch.cuda",
+) -> None:
     register(
         f"{module}.{name}",
         f"{module}:{name}",
@@ -75,7 +81,7 @@ _redirect(
 )
 _redirect(
     "get_device_name",
-    lambda accelerator: (lambda device=None: accelerator.device_name(device)),
+    lambda accelerator: lambda device=None: accelerator.device_name(device),
     "logs and MFU tables name the device",
     requires="stands_in_for_cuda",
 )
@@ -102,4 +108,4 @@ register(
     "torch.cuda.nvtx:range",
     reason="nvtx ranges (profiling) do not exist off CUDA: no-op context",
     subsystem=SUBSYSTEM,
-)(lambda original, accelerator: (lambda *args, **kwargs: contextlib.nullcontext()))
+)(lambda original, accelerator: lambda *args, **kwargs: contextlib.nullcontext())

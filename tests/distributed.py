@@ -49,14 +49,20 @@ class Job:
 
     def results(self) -> list[dict]:
         """The RESULT payloads, in the order the ranks printed them."""
-        return [json.loads(line[len(RESULT_PREFIX) :]) for line in self.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+        return [
+            json.loads(line[len(RESULT_PREFIX) :])
+            for line in self.stdout.splitlines()
+            if line.startswith(RESULT_PREFIX)
+        ]
 
     def by_rank(self) -> dict[int, dict]:
         return {result["rank"]: result for result in self.results()}
 
     def check(self) -> Job:
         if self.returncode != 0:
-            raise AssertionError(f"job failed ({self.returncode})\n--- stdout\n{self.stdout[-6000:]}\n--- stderr\n{self.stderr[-6000:]}")
+            raise AssertionError(
+                f"job failed ({self.returncode})\n--- stdout\n{self.stdout[-6000:]}\n--- stderr\n{self.stderr[-6000:]}"
+            )
         return self
 
 
@@ -70,17 +76,24 @@ def torchrun(
     cwd: str | Path | None = None,
 ) -> Job:
     """Run ``script`` under torchrun on one host with ``nproc`` ranks."""
-    return run(torchrun_command(script, *args, nproc=nproc, torchrun_args=torchrun_args),
-               timeout=timeout, env=env, cwd=cwd)  # fmt: skip
+    return run(
+        torchrun_command(script, *args, nproc=nproc, torchrun_args=torchrun_args), timeout=timeout, env=env, cwd=cwd
+    )
 
 
 def torchrun_command(script: str | Path, *args: str, nproc: int, torchrun_args: tuple[str, ...] = ()) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc_per_node={nproc}", "--nnodes=1",
-        "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-        *torchrun_args, str(script), *args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--nnodes=1",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        *torchrun_args,
+        str(script),
+        *args,
+    ]
 
 
 def torchrun_nodes(
@@ -97,15 +110,29 @@ def torchrun_nodes(
     processes, logs = [], []
     for node_rank in range(nnodes):
         command = [
-            sys.executable, "-m", "torch.distributed.run",
-            f"--nproc_per_node={nproc_per_node}", f"--nnodes={nnodes}", f"--node_rank={node_rank}",
-            "--master_addr=127.0.0.1", f"--master_port={port}", str(script), *args,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={nproc_per_node}",
+            f"--nnodes={nnodes}",
+            f"--node_rank={node_rank}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            str(script),
+            *args,
+        ]
         out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # pipes could fill and stall a node
         logs.append((out, err))
         processes.append(
-            subprocess.Popen(command, env=env or base_env(), cwd=str(ROOT), stdout=out, stderr=err,
-                             stdin=subprocess.DEVNULL, text=True)  # fmt: skip
+            subprocess.Popen(
+                command,
+                env=env or base_env(),
+                cwd=str(ROOT),
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                text=True,
+            )
         )
     deadline = time.monotonic() + timeout
     try:
@@ -125,7 +152,9 @@ def torchrun_nodes(
     return jobs
 
 
-def run(command: list[str], timeout: float = 600, env: dict[str, str] | None = None, cwd: str | Path | None = None) -> Job:
+def run(
+    command: list[str], timeout: float = 600, env: dict[str, str] | None = None, cwd: str | Path | None = None
+) -> Job:
     completed = subprocess.run(
         command,
         env=env or base_env(),

@@ -20,9 +20,21 @@ FIXTURES = Path(__file__).parent / "fixtures" / "megatron_lm"
 
 # A small valid GPT run; tests append or override flags (argparse: the last one wins).
 BASE = [
-    "--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "8",
-    "--seq-length", "128", "--micro-batch-size", "2", "--train-iters", "10",
-    "--lr", "1e-3", "--mock-data",
+    "--num-layers",
+    "8",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "8",
+    "--seq-length",
+    "128",
+    "--micro-batch-size",
+    "2",
+    "--train-iters",
+    "10",
+    "--lr",
+    "1e-3",
+    "--mock-data",
 ]
 
 
@@ -111,8 +123,15 @@ def test_llama2_7b_accepted():
 
 def test_llama2_7b_transformer_engine_fp8_variant_refused():
     # train_llama2.sh with TE_FP8=1 appends these.
-    te = ["--transformer-impl=transformer_engine", "--fp8-margin=0", "--fp8-format=hybrid", "--fp8-interval=1",
-          "--fp8-amax-history-len=1024", "--fp8-amax-compute-algo=max", "--attention-softmax-in-fp32"]
+    te = [
+        "--transformer-impl=transformer_engine",
+        "--fp8-margin=0",
+        "--fp8-format=hybrid",
+        "--fp8-interval=1",
+        "--fp8-amax-history-len=1024",
+        "--fp8-amax-compute-algo=max",
+        "--attention-softmax-in-fp32",
+    ]
     msg = error(*te, base=fixture("llama2_7b.sh"), world_size=16)
     assert "--fp8-margin" in msg and "fp8" in msg and "--bf16" in msg
     msg = error("--transformer-impl=transformer_engine", base=fixture("llama2_7b.sh"), world_size=16)
@@ -158,14 +177,12 @@ def test_world_size_from_environment(monkeypatch):
 
 
 def test_heads_divisible_by_tp():
-    msg = error("--num-attention-heads", "6", "--hidden-size", "96", "--tensor-model-parallel-size", "4",
-                world_size=4)
+    msg = error("--num-attention-heads", "6", "--hidden-size", "96", "--tensor-model-parallel-size", "4", world_size=4)
     assert "--num-attention-heads 6" in msg and "--tensor-model-parallel-size 4" in msg
 
 
 def test_query_groups_divisible_by_tp():
-    msg = error("--group-query-attention", "--num-query-groups", "2", "--tensor-model-parallel-size", "4",
-                world_size=4)
+    msg = error("--group-query-attention", "--num-query-groups", "2", "--tensor-model-parallel-size", "4", world_size=4)
     assert "--num-query-groups 2" in msg and "--tensor-model-parallel-size 4" in msg
 
 
@@ -180,48 +197,113 @@ def test_layers_divisible_by_pp():
 
 
 def test_vpp_layers_per_stage_divisible():
-    msg = error("--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "3",
-                "--global-batch-size", "8", world_size=2)
+    msg = error(
+        "--pipeline-model-parallel-size",
+        "2",
+        "--num-layers-per-virtual-pipeline-stage",
+        "3",
+        "--global-batch-size",
+        "8",
+        world_size=2,
+    )
     assert "8 / 2 = 4" in msg and "--num-layers-per-virtual-pipeline-stage 3" in msg
 
 
 def test_vpp_needs_pipeline_parallelism():
     msg = error("--num-layers-per-virtual-pipeline-stage", "4")
     assert "--num-layers-per-virtual-pipeline-stage" in msg and "--pipeline-model-parallel-size > 1" in msg
-    msg = error("--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2",
-                "--no-overlap-p2p-communication", "--global-batch-size", "8", world_size=2)
+    msg = error(
+        "--pipeline-model-parallel-size",
+        "2",
+        "--num-layers-per-virtual-pipeline-stage",
+        "2",
+        "--no-overlap-p2p-communication",
+        "--global-batch-size",
+        "8",
+        world_size=2,
+    )
     assert "--no-overlap-p2p-communication" in msg and "> 2" in msg
 
 
 def test_vpp_microbatch_count_in_range():
     # M = gbs / (mbs * dp) = 2 / (2 * 1) = 1 micro-batch, but the group size defaults to PP = 2.
-    msg = error("--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2",
-                "--global-batch-size", "2", world_size=2)
+    msg = error(
+        "--pipeline-model-parallel-size",
+        "2",
+        "--num-layers-per-virtual-pipeline-stage",
+        "2",
+        "--global-batch-size",
+        "2",
+        world_size=2,
+    )
     assert "interleaved" in msg and "[PP=2, M=1]" in msg and "--global-batch-size 2" in msg
 
 
 def test_vpp_microbatch_remainder():
     # PP 4, M = 6 micro-batches, groups of 4: remainder 2 < PP (megatron-core raises at step 1).
-    msg = error("--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage", "1",
-                "--micro-batch-size", "1", "--global-batch-size", "6", world_size=4)
+    msg = error(
+        "--pipeline-model-parallel-size",
+        "4",
+        "--num-layers-per-virtual-pipeline-stage",
+        "1",
+        "--micro-batch-size",
+        "1",
+        "--global-batch-size",
+        "6",
+        world_size=4,
+    )
     assert "remainder of 2" in msg and "--microbatch-group-size-per-virtual-pipeline-stage 4" in msg
 
 
 def test_vpp_derived_values():
-    args = parse("--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2",
-                 "--micro-batch-size", "1", "--global-batch-size", "8", world_size=2)
+    args = parse(
+        "--pipeline-model-parallel-size",
+        "2",
+        "--num-layers-per-virtual-pipeline-stage",
+        "2",
+        "--micro-batch-size",
+        "1",
+        "--global-batch-size",
+        "8",
+        world_size=2,
+    )
     assert args.virtual_pipeline_model_parallel_size == 2
     assert args.microbatch_group_size_per_vp_stage == 2
     assert args.overlap_p2p_comm is True and args.batch_p2p_comm is False
-    args = parse("--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "4",
-                 "--micro-batch-size", "1", "--global-batch-size", "8", world_size=2)
+    args = parse(
+        "--pipeline-model-parallel-size",
+        "2",
+        "--num-virtual-stages-per-pipeline-rank",
+        "4",
+        "--micro-batch-size",
+        "1",
+        "--global-batch-size",
+        "8",
+        world_size=2,
+    )
     assert args.virtual_pipeline_model_parallel_size == 4
-    args = parse("--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "4",
-                 "--micro-batch-size", "1", "--global-batch-size", "8", world_size=2)
+    args = parse(
+        "--pipeline-model-parallel-size",
+        "2",
+        "--num-layers-per-virtual-pipeline-stage",
+        "4",
+        "--micro-batch-size",
+        "1",
+        "--global-batch-size",
+        "8",
+        world_size=2,
+    )
     assert args.virtual_pipeline_model_parallel_size is None  # one virtual stage = no interleaving
     assert args.overlap_p2p_comm is False and args.batch_p2p_comm is True
-    msg = error("--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2",
-                "--num-virtual-stages-per-pipeline-rank", "2", world_size=2)
+    msg = error(
+        "--pipeline-model-parallel-size",
+        "2",
+        "--num-layers-per-virtual-pipeline-stage",
+        "2",
+        "--num-virtual-stages-per-pipeline-rank",
+        "2",
+        world_size=2,
+    )
     assert "mutually exclusive" in msg
 
 
@@ -272,8 +354,16 @@ def test_sequence_parallel_off_with_tp1():
 
 
 def test_sequence_parallel_needs_seq_length_divisible_by_tp():
-    msg = error("--sequence-parallel", "--tensor-model-parallel-size", "4", "--seq-length", "126",
-                "--max-position-embeddings", "128", world_size=4)
+    msg = error(
+        "--sequence-parallel",
+        "--tensor-model-parallel-size",
+        "4",
+        "--seq-length",
+        "126",
+        "--max-position-embeddings",
+        "128",
+        world_size=4,
+    )
     assert "--seq-length 126" in msg and "--tensor-model-parallel-size 4" in msg
 
 
@@ -340,16 +430,32 @@ def test_refused_table_rows_are_complete():
 
 
 def test_allowed_values_of_refused_flags_pass():
-    args = parse("--transformer-impl", "local", "--ckpt-format", "torch_dist", "--context-parallel-size", "1",
-                 "--expert-model-parallel-size", "1", "--num-experts", "0", "--cuda-graph-impl", "none")
+    args = parse(
+        "--transformer-impl",
+        "local",
+        "--ckpt-format",
+        "torch_dist",
+        "--context-parallel-size",
+        "1",
+        "--expert-model-parallel-size",
+        "1",
+        "--num-experts",
+        "0",
+        "--cuda-graph-impl",
+        "none",
+    )
     assert args.transformer_impl == "local" and args.ckpt_format == "torch_dist" and args.use_dist_ckpt
 
 
 def test_ignored_flags_recorded_once():
-    args = parse("--use-mcore-models", "--use-mcore-models", "--no-async-tensor-model-parallel-allreduce",
-                 "--use-dist-ckpt")
+    args = parse(
+        "--use-mcore-models", "--use-mcore-models", "--no-async-tensor-model-parallel-allreduce", "--use-dist-ckpt"
+    )
     assert [f for f, _ in args.ignored_flags] == [
-        "--use-mcore-models", "--no-async-tensor-model-parallel-allreduce", "--use-dist-ckpt"]
+        "--use-mcore-models",
+        "--no-async-tensor-model-parallel-allreduce",
+        "--use-dist-ckpt",
+    ]
     assert parse().ignored_flags == []
     # Not ignored: stored for the trainer.
     assert parse("--distributed-timeout-minutes", "30").distributed_timeout_minutes == 30
@@ -412,8 +518,12 @@ def test_derived_misc():
     assert "--recompute-method" in error("--recompute-granularity", "full")
     assert "--recompute-num-layers" in error("--recompute-granularity", "full", "--recompute-method", "uniform")
     assert "--recompute-method" in error("--recompute-activations", "--recompute-method", "block")
-    assert parse("--weight-decay-incr-style", "linear", "--start-weight-decay", "0.0",
-                 "--end-weight-decay", "0.1").end_weight_decay == 0.1
+    assert (
+        parse(
+            "--weight-decay-incr-style", "linear", "--start-weight-decay", "0.0", "--end-weight-decay", "0.1"
+        ).end_weight_decay
+        == 0.1
+    )
     assert "--start-weight-decay" in error("--weight-decay-incr-style", "cosine")
     assert "--min-lr" in error("--min-lr", "1.0")
     assert "--save-interval" in error("--save", "/tmp/ckpt")
@@ -434,11 +544,22 @@ def test_megatron_defaults_and_dests():
     assert args.masked_softmax_fusion and args.bias_gelu_fusion and args.bias_swiglu_fusion
     assert args.bias_dropout_fusion and args.gradient_accumulation_fusion and args.overlap_p2p_comm is False
     assert args.log_dir is None and args.data_loader_delay_ms == 0.0 and args.yaml_cfg is None
-    args = parse("--disable-bias-linear", "--no-masked-softmax-fusion", "--no-bias-dropout-fusion",
-                 "--no-save-optim", "--no-load-optim", "--untie-embeddings-and-output-weights",
-                 "--no-gradient-accumulation-fusion", "--override-opt_param-scheduler",
-                 "--use-checkpoint-opt-param-scheduler", "--no-mmap-bin-files", "--log-dir", "/tmp/logs",
-                 "--data-loader-delay-ms", "25")
+    args = parse(
+        "--disable-bias-linear",
+        "--no-masked-softmax-fusion",
+        "--no-bias-dropout-fusion",
+        "--no-save-optim",
+        "--no-load-optim",
+        "--untie-embeddings-and-output-weights",
+        "--no-gradient-accumulation-fusion",
+        "--override-opt_param-scheduler",
+        "--use-checkpoint-opt-param-scheduler",
+        "--no-mmap-bin-files",
+        "--log-dir",
+        "/tmp/logs",
+        "--data-loader-delay-ms",
+        "25",
+    )
     assert args.add_bias_linear is False and args.add_qkv_bias is False
     assert args.masked_softmax_fusion is False and args.bias_dropout_fusion is False
     assert args.no_save_optim is True and args.no_load_optim is True
@@ -453,8 +574,14 @@ def test_megatron_defaults_and_dests():
 
 
 def test_data_path_blend_and_split_default():
-    args = parse("--data-path", "0.3", "/a", "0.7", "/b", base=[t for t in BASE if t != "--mock-data"]
-                 + ["--tokenizer-type", "NullTokenizer", "--vocab-size", "100"])
+    args = parse(
+        "--data-path",
+        "0.3",
+        "/a",
+        "0.7",
+        "/b",
+        base=[t for t in BASE if t != "--mock-data"] + ["--tokenizer-type", "NullTokenizer", "--vocab-size", "100"],
+    )
     assert args.data_path == ["0.3", "/a", "0.7", "/b"] and args.split == "969, 30, 1"
     assert "one data source" in error("--data-path", "/a")
     assert "--mock-data" in error(base=[t for t in BASE if t != "--mock-data"])
@@ -486,38 +613,101 @@ REAL = [t for t in BASE if t != "--mock-data"]
 
 def test_data_prefix_must_exist(tmp_path):
     missing = str(tmp_path / "nothing")
-    msg = error("--data-path", missing, "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",
-                base=REAL, check_paths=True)
+    msg = error(
+        "--data-path", missing, "--tokenizer-type", "NullTokenizer", "--vocab-size", "100", base=REAL, check_paths=True
+    )
     assert missing in msg and ".bin" in msg and ".idx" in msg and "megatron-npu preprocess" in msg
     prefix = _dataset(tmp_path)
-    msg = error("--data-path", prefix + ".bin", "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",
-                base=REAL, check_paths=True)
+    msg = error(
+        "--data-path",
+        prefix + ".bin",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "100",
+        base=REAL,
+        check_paths=True,
+    )
     assert "without the suffix" in msg
-    args = parse("--data-path", "0.5", prefix, "0.5", prefix, "--tokenizer-type", "NullTokenizer",
-                 "--vocab-size", "100", base=REAL, check_paths=True)
+    args = parse(
+        "--data-path",
+        "0.5",
+        prefix,
+        "0.5",
+        prefix,
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "100",
+        base=REAL,
+        check_paths=True,
+    )
     assert args.data_path == ["0.5", prefix, "0.5", prefix]
-    msg = error("--train-data-path", prefix, "--valid-data-path", missing, "--tokenizer-type", "NullTokenizer",
-                "--vocab-size", "100", base=REAL, check_paths=True)
+    msg = error(
+        "--train-data-path",
+        prefix,
+        "--valid-data-path",
+        missing,
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "100",
+        base=REAL,
+        check_paths=True,
+    )
     assert msg.startswith("--valid-data-path")
 
 
 def test_tokenizer_files_must_exist(tmp_path):
     prefix = _dataset(tmp_path)
-    msg = error("--data-path", prefix, "--tokenizer-type", "GPTSentencePieceTokenizer",
-                "--tokenizer-model", str(tmp_path / "spm.model"), base=REAL, check_paths=True)
+    msg = error(
+        "--data-path",
+        prefix,
+        "--tokenizer-type",
+        "GPTSentencePieceTokenizer",
+        "--tokenizer-model",
+        str(tmp_path / "spm.model"),
+        base=REAL,
+        check_paths=True,
+    )
     assert "--tokenizer-model" in msg and "spm.model" in msg
-    assert "--tokenizer-model" in error("--data-path", prefix, "--tokenizer-type", "Llama2Tokenizer",
-                                        base=REAL, check_paths=True)
-    msg = error("--data-path", prefix, "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
-                str(tmp_path / "vocab.json"), "--merge-file", str(tmp_path / "merges.txt"),
-                base=REAL, check_paths=True)
+    assert "--tokenizer-model" in error(
+        "--data-path", prefix, "--tokenizer-type", "Llama2Tokenizer", base=REAL, check_paths=True
+    )
+    msg = error(
+        "--data-path",
+        prefix,
+        "--tokenizer-type",
+        "GPT2BPETokenizer",
+        "--vocab-file",
+        str(tmp_path / "vocab.json"),
+        "--merge-file",
+        str(tmp_path / "merges.txt"),
+        base=REAL,
+        check_paths=True,
+    )
     assert "--vocab-file" in msg
     (tmp_path / "spm.model").write_bytes(b"x")
-    parse("--data-path", prefix, "--tokenizer-type", "SentencePieceTokenizer",
-          "--tokenizer-model", str(tmp_path / "spm.model"), base=REAL, check_paths=True)
+    parse(
+        "--data-path",
+        prefix,
+        "--tokenizer-type",
+        "SentencePieceTokenizer",
+        "--tokenizer-model",
+        str(tmp_path / "spm.model"),
+        base=REAL,
+        check_paths=True,
+    )
     # Mock data needs no files; a missing --load directory only means "start from scratch".
-    parse("--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", "/nope.model",
-          "--load", str(tmp_path / "no_ckpt"), check_paths=True)
+    parse(
+        "--tokenizer-type",
+        "GPTSentencePieceTokenizer",
+        "--tokenizer-model",
+        "/nope.model",
+        "--load",
+        str(tmp_path / "no_ckpt"),
+        check_paths=True,
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -595,14 +785,35 @@ def test_unknown_and_abbreviated_flags():
 
 def test_known_flags_and_parser_groups():
     flags = arguments.known_flags()
-    for flag in ("--tensor-model-parallel-size", "--disable-bias-linear", "--no-masked-softmax-fusion",
-                 "--no-save-optim", "--use-mcore-models", "--yaml-cfg", "--log-dir", "--data-loader-delay-ms",
-                 "--override-opt_param-scheduler", "--override-opt-param-scheduler", "--save-interval"):
+    for flag in (
+        "--tensor-model-parallel-size",
+        "--disable-bias-linear",
+        "--no-masked-softmax-fusion",
+        "--no-save-optim",
+        "--use-mcore-models",
+        "--yaml-cfg",
+        "--log-dir",
+        "--data-loader-delay-ms",
+        "--override-opt_param-scheduler",
+        "--override-opt-param-scheduler",
+        "--save-interval",
+    ):
         assert flag in flags
     titles = {g.title for g in arguments.build_parser()._action_groups}
-    assert {"network size", "regularization", "training", "initialization", "learning rate", "checkpointing",
-            "mixed precision", "distributed", "validation", "data and dataloader", "tokenizer",
-            "logging"} <= titles
+    assert {
+        "network size",
+        "regularization",
+        "training",
+        "initialization",
+        "learning rate",
+        "checkpointing",
+        "mixed precision",
+        "distributed",
+        "validation",
+        "data and dataloader",
+        "tokenizer",
+        "logging",
+    } <= titles
     assert arguments.build_parser().allow_abbrev is False
     for flag in ("--log-dir", "--data-loader-delay-ms", "--step-batch-size-schedule"):
         action = next(a for a in arguments.build_parser()._actions if flag in a.option_strings)
@@ -667,12 +878,17 @@ def test_extra_args_provider_flags_reach_get_args():
 def test_args_defaults_satisfy_a_required_flag_before_validation():
     base = [t for t in BASE if t != "--mock-data"] + ["--data-path", "unused"]
     assert "--tokenizer-type is required" in error(base=base)
-    args = parse_args(base, world_size=1, check_paths=False, args_defaults={"tokenizer_type": "NullTokenizer",
-                                                                          "vocab_size": 128})
+    args = parse_args(
+        base, world_size=1, check_paths=False, args_defaults={"tokenizer_type": "NullTokenizer", "vocab_size": 128}
+    )
     assert args.tokenizer_type == "NullTokenizer"
     # a flag given on the command line wins over the script's default, as in Megatron-LM
-    args = parse_args([*base, "--tokenizer-type", "NullTokenizer", "--vocab-size", "64"], world_size=1,
-                      check_paths=False, args_defaults={"vocab_size": 128})
+    args = parse_args(
+        [*base, "--tokenizer-type", "NullTokenizer", "--vocab-size", "64"],
+        world_size=1,
+        check_paths=False,
+        args_defaults={"vocab_size": 128},
+    )
     assert args.vocab_size == 64
 
 

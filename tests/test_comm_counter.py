@@ -45,7 +45,9 @@ def test_collectives_counted_exactly(world1):
         dist.broadcast(torch.zeros(7, dtype=torch.int64), src=0, group=sub)  # 56 bytes
         out = [torch.empty(4)]
         dist.all_gather(out, torch.ones(4), group=sub)  # input: 16 bytes
-        dist.all_gather_into_tensor(torch.empty(6, dtype=torch.float16), torch.ones(6, dtype=torch.float16), group=sub)  # 12
+        dist.all_gather_into_tensor(
+            torch.empty(6, dtype=torch.float16), torch.ones(6, dtype=torch.float16), group=sub
+        )  # 12
         work = dist.all_reduce(torch.ones(2, dtype=torch.float64), group=sub, async_op=True)  # 16
         work.wait()
         dist.all_gather_object([None], {"not": "counted"})
@@ -128,8 +130,16 @@ def test_p2p_two_processes(tmp_path):
     script.write_text(WORKER)
     port = str(_free_port())
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), port], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for r in (0, 1)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for r in (0, 1)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-2000:]
@@ -150,8 +160,11 @@ def test_counter_matches_planner_on_a_real_megatron_step():
     worker = os.path.join(REPO, "tests", "fixtures", "layout", "comm_check_worker.py")
     res = subprocess.run(
         [sys.executable, worker, "--init", f"tcp://127.0.0.1:{_free_port()}", "--dist-opt"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "MEGATRON_NPU_DEVICE": "cpu"},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MEGATRON_NPU_DEVICE": "cpu"},
+    )
     lines = [line for line in res.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, res.stderr[-3000:]
     result = json.loads(lines[0][7:])

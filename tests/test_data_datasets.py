@@ -85,16 +85,36 @@ def test_blended_builder_two_prefixes(tmp_path, tok, one_rank_group):
     for name, part in (("a", lines[:half]), ("b", lines[half:])):
         inp = tmp_path / f"{name}.jsonl"
         inp.write_text("".join(part), encoding="utf-8")
-        r = run(parse_args(["--input", str(inp), "--output-prefix", str(tmp_path / name), "--append-eod",
-                            "--tokenizer-type", "GPTSentencePieceTokenizer",
-                            "--tokenizer-model", DEMO_TOKENIZER_MODEL]))
+        r = run(
+            parse_args(
+                [
+                    "--input",
+                    str(inp),
+                    "--output-prefix",
+                    str(tmp_path / name),
+                    "--append-eod",
+                    "--tokenizer-type",
+                    "GPTSentencePieceTokenizer",
+                    "--tokenizer-model",
+                    DEMO_TOKENIZER_MODEL,
+                ]
+            )
+        )
         assert r["docs"] == len(part) and not r["problems"]
         prefixes.append(str(tmp_path / f"{name}_text_document"))
 
     config = GPTDatasetConfig(
-        random_seed=1234, sequence_length=SEQ, blend=(prefixes, [0.3, 0.7]), split="90,5,5",
-        path_to_cache=str(tmp_path / "cache"), tokenizer=tok, reset_position_ids=False,
-        reset_attention_mask=False, eod_mask_loss=False, mmap_bin_files=True)
+        random_seed=1234,
+        sequence_length=SEQ,
+        blend=(prefixes, [0.3, 0.7]),
+        split="90,5,5",
+        path_to_cache=str(tmp_path / "cache"),
+        tokenizer=tok,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        mmap_bin_files=True,
+    )
     sizes = [200, 20, 20]
     train, valid, test = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
     assert list((tmp_path / "cache").glob("*.npy"))  # indices cached as in a training run
@@ -127,13 +147,25 @@ def test_blended_builder_two_prefixes(tmp_path, tok, one_rank_group):
 def test_split_sentences_is_a_clear_error(tmp_path, capsys):
     try:
         import nltk  # noqa: F401
+
         has_nltk = True
     except ImportError:
         has_nltk = False
     inp = tmp_path / "in.jsonl"
     inp.write_text('{"text": "One. Two."}\n')
-    rc = main(["--input", str(inp), "--output-prefix", str(tmp_path / "o"), "--split-sentences",
-               "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", DEMO_TOKENIZER_MODEL])
+    rc = main(
+        [
+            "--input",
+            str(inp),
+            "--output-prefix",
+            str(tmp_path / "o"),
+            "--split-sentences",
+            "--tokenizer-type",
+            "GPTSentencePieceTokenizer",
+            "--tokenizer-model",
+            DEMO_TOKENIZER_MODEL,
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "--split-sentences" in err and len(err.strip().splitlines()) == 1
     if not has_nltk:

@@ -14,8 +14,17 @@ TEXTS = ["Hello world, this is a test.", "Second document\nwith a newline.", "x"
 
 
 def _args(inp, out, *extra):
-    return ["--input", str(inp), "--output-prefix", str(out), "--tokenizer-type",
-            "GPTSentencePieceTokenizer", "--tokenizer-model", DEMO_TOKENIZER_MODEL, *extra]
+    return [
+        "--input",
+        str(inp),
+        "--output-prefix",
+        str(out),
+        "--tokenizer-type",
+        "GPTSentencePieceTokenizer",
+        "--tokenizer-model",
+        DEMO_TOKENIZER_MODEL,
+        *extra,
+    ]
 
 
 def test_round_trip_and_workers(tmp_path):
@@ -44,14 +53,20 @@ def test_two_json_keys_as_megatron_lm(tmp_path):
     and no EOD (Megatron-LM's encode), and workers 1 and 2 agree."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    rows = [{"text": "Body one.", "title": "First"}, {"text": "Body two.", "title": ""},
-            {"text": "", "title": "Only a title"}] * 100
+    rows = [
+        {"text": "Body one.", "title": "First"},
+        {"text": "Body two.", "title": ""},
+        {"text": "", "title": "Only a title"},
+    ] * 100
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tok = build_tokenizer("GPTSentencePieceTokenizer", tokenizer_model=DEMO_TOKENIZER_MODEL)
     for w in (1, 2):
-        r = run(parse_args(_args(inp, tmp_path / f"w{w}", "--json-keys", "text", "title",
-                                 "--append-eod", "--workers", str(w))))
+        r = run(
+            parse_args(
+                _args(inp, tmp_path / f"w{w}", "--json-keys", "text", "title", "--append-eod", "--workers", str(w))
+            )
+        )
         assert r["docs"] == 300 and not r["problems"]
     for key in ("text", "title"):
         ds = IndexedDataset(str(tmp_path / f"w1_{key}_document"))
@@ -62,8 +77,9 @@ def test_two_json_keys_as_megatron_lm(tmp_path):
             want = [tok.tokenize(row[key]) + [tok.eod]] if row[key] else []
             assert seqs == want
         for ext in (".bin", ".idx"):
-            assert ((tmp_path / f"w1_{key}_document{ext}").read_bytes()
-                    == (tmp_path / f"w2_{key}_document{ext}").read_bytes())
+            assert (tmp_path / f"w1_{key}_document{ext}").read_bytes() == (
+                tmp_path / f"w2_{key}_document{ext}"
+            ).read_bytes()
 
 
 def test_bad_input(tmp_path, capsys):
@@ -71,8 +87,7 @@ def test_bad_input(tmp_path, capsys):
     inp.write_bytes(b'{"text": "good"}\n{bad json\n{"other": 1}\n{"text": "\xff\xfe"}\n{"text": ""}\n')
     r = run(parse_args(_args(inp, tmp_path / "o")))
     assert r["docs"] == 1
-    assert r["problems"] == {"malformed JSON": [2], "missing key": [3], "non-UTF-8 bytes": [4],
-                             "empty document": [5]}
+    assert r["problems"] == {"malformed JSON": [2], "missing key": [3], "non-UTF-8 bytes": [4], "empty document": [5]}
     assert main(_args(inp, tmp_path / "o")) == 0
     assert main(_args(inp, tmp_path / "o", "--strict")) == 1
     assert "malformed JSON" in capsys.readouterr().err

@@ -22,8 +22,12 @@ from megatron_npu.data.tokenizers import TokenizerError, build_tokenizer
 
 # Stable under the demo model's nmt_nfkc normalisation (single spaces, no newlines).
 TEXTS = ["Hello world, this is a test.", "Return the value of x plus one.", "café naïve ✓ 42"]
-CORPUS = ["The quick brown fox jumps over the lazy dog.", "Return the value of x plus one.",
-          "Hello world, this is a test.", "café naïve ✓ 42 \n\t tabs and newlines"] * 4
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Return the value of x plus one.",
+    "Hello world, this is a test.",
+    "café naïve ✓ 42 \n\t tabs and newlines",
+] * 4
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +36,9 @@ def gpt2_files(tmp_path_factory):
     from tokenizers import ByteLevelBPETokenizer
 
     tok = ByteLevelBPETokenizer()  # its trainer starts from the 256-symbol byte alphabet
-    tok.train_from_iterator(CORPUS, vocab_size=300, min_frequency=1, show_progress=False,
-                            special_tokens=["<|endoftext|>"])
+    tok.train_from_iterator(
+        CORPUS, vocab_size=300, min_frequency=1, show_progress=False, special_tokens=["<|endoftext|>"]
+    )
     d = tmp_path_factory.mktemp("gpt2")
     vocab, merges = tok.save_model(str(d))
     return vocab, merges
@@ -48,14 +53,18 @@ def hf_dir(tmp_path_factory):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS, trainer)
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", clean_up_tokenization_spaces=False)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", clean_up_tokenization_spaces=False
+    )
     d = tmp_path_factory.mktemp("hf")
     fast.save_pretrained(str(d))
     return str(d)
@@ -149,8 +158,7 @@ def test_huggingface(hf_dir, tmp_path):
     from tokenizers import Tokenizer
 
     raw = Tokenizer.from_file(f"{hf_dir}/tokenizer.json")
-    assert (tok.pad, tok.bos, tok.eod) == (raw.token_to_id("<pad>"), raw.token_to_id("<s>"),
-                                          raw.token_to_id("</s>"))
+    assert (tok.pad, tok.bos, tok.eod) == (raw.token_to_id("<pad>"), raw.token_to_id("<s>"), raw.token_to_id("</s>"))
     assert tok.vocab_size == raw.get_vocab_size()
     for t in [*TEXTS, "line one\nline  two"]:
         ids = tok.tokenize(t)
@@ -182,8 +190,21 @@ def test_tokenizer_errors(tmp_path):
 
     inp = tmp_path / "in.jsonl"
     inp.write_text('{"text": "x"}\n')
-    assert main(["--input", str(inp), "--output-prefix", str(tmp_path / "o"), "--tokenizer-type",
-                 "Llama2Tokenizer", "--tokenizer-model", str(tmp_path / "missing.model")]) == 2
+    assert (
+        main(
+            [
+                "--input",
+                str(inp),
+                "--output-prefix",
+                str(tmp_path / "o"),
+                "--tokenizer-type",
+                "Llama2Tokenizer",
+                "--tokenizer-model",
+                str(tmp_path / "missing.model"),
+            ]
+        )
+        == 2
+    )
     assert not list(tmp_path.glob("o_*"))
 
 
@@ -207,11 +228,15 @@ def test_preprocess_round_trip_each_kind(gpt2_files, hf_dir, tmp_path):
     inp.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     for kind, flags in _kinds(gpt2_files, hf_dir).items():
         prefix = tmp_path / kind
-        r = run(parse_args(["--input", str(inp), "--output-prefix", str(prefix), "--append-eod",
-                            "--tokenizer-type", kind, *flags]))
+        r = run(
+            parse_args(
+                ["--input", str(inp), "--output-prefix", str(prefix), "--append-eod", "--tokenizer-type", kind, *flags]
+            )
+        )
         assert r["docs"] == len(TEXTS) and not r["problems"], kind
-        tok = build_tokenizer(kind, **{k.lstrip("-").replace("-", "_"): v
-                                       for k, v in zip(flags[::2], flags[1::2], strict=True)})
+        tok = build_tokenizer(
+            kind, **{k.lstrip("-").replace("-", "_"): v for k, v in zip(flags[::2], flags[1::2], strict=True)}
+        )
         ds = IndexedDataset(f"{prefix}_text_document")
         assert len(ds) == len(TEXTS) and ds.index.dtype == np.uint16, kind
         assert list(ds.sequence_lengths) == [len(tok.tokenize(t)) + 1 for t in TEXTS], kind
@@ -227,8 +252,21 @@ def test_preprocess_round_trip_each_kind(gpt2_files, hf_dir, tmp_path):
     # NullTokenizer: ids in, ids out; a vocab over 65,500 switches the tokens to int32
     inp.write_text('{"text": "1 2 69999"}\n{"text": "7"}\n')
     prefix = tmp_path / "null"
-    run(parse_args(["--input", str(inp), "--output-prefix", str(prefix), "--append-eod",
-                    "--tokenizer-type", "NullTokenizer", "--vocab-size", "70000"]))
+    run(
+        parse_args(
+            [
+                "--input",
+                str(inp),
+                "--output-prefix",
+                str(prefix),
+                "--append-eod",
+                "--tokenizer-type",
+                "NullTokenizer",
+                "--vocab-size",
+                "70000",
+            ]
+        )
+    )
     ds = IndexedDataset(f"{prefix}_text_document")
     assert ds.index.dtype == np.int32
     assert ds[0].tolist() == [1, 2, 69999, 70000] and ds[1].tolist() == [7, 70000]

@@ -14,8 +14,13 @@ from megatron_npu.accelerator.cpu import CpuAccelerator
 def test_doctor_json_lists_device_backend_versions_and_patches():
     out = subprocess.run(
         [sys.executable, "-m", "megatron_npu", "doctor", "--json"],
-        env=base_env(NCCL_SOCKET_IFNAME="eth0"), cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
+        env=base_env(NCCL_SOCKET_IFNAME="eth0"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     report = json.loads(out)
     assert report["device"] == "cpu" and report["backend"] == "gloo" and report["device_count"] == 0
     assert report["versions"]["megatron_core"].startswith("0.16")
@@ -31,8 +36,12 @@ def test_doctor_json_lists_device_backend_versions_and_patches():
         assert (row["state"] != "inactive") == cpu.capability(row["requires"]), row
         assert row["state"] in ("applied", "pending", "inactive"), row
     # the Ascend environment mapping (megatron_npu/policy.py) names a set NCCL variable
-    assert {"name": "NCCL_SOCKET_IFNAME", "action": "rename", "to": "HCCL_SOCKET_IFNAME",
-            "reason": "HCCL bootstrap NIC, same ^/= syntax"} in report["environment"]
+    assert {
+        "name": "NCCL_SOCKET_IFNAME",
+        "action": "rename",
+        "to": "HCCL_SOCKET_IFNAME",
+        "reason": "HCCL bootstrap NIC, same ^/= syntax",
+    } in report["environment"]
 
 
 def _checkout(root, package_info: str | None):
@@ -50,8 +59,10 @@ def test_doctor_reports_the_megatron_lm_training_stack_its_version_and_patches(t
     from megatron_npu import doctor
     from megatron_npu.version import TESTED_MEGATRON_LM, installed_megatron_core
 
-    rows = [{"name": "megatron.training.x", "subsystem": "megatron_training", "state": "pending"},
-            {"name": "torch.cuda.y", "subsystem": "torch_cuda", "state": "applied"}]  # fmt: skip
+    rows = [
+        {"name": "megatron.training.x", "subsystem": "megatron_training", "state": "pending"},
+        {"name": "torch.cuda.y", "subsystem": "torch_cuda", "state": "applied"},
+    ]
     assert doctor.megatron_lm_report(rows)["importable"] is False  # this project needs no megatron/training
 
     other = _checkout(tmp_path / "other", "MAJOR = 0\nMINOR = 15\nPATCH = 2\nPRE_RELEASE = ''\n")

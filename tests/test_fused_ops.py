@@ -105,15 +105,36 @@ def recording(monkeypatch, rope_utils):
 
 
 @pytest.mark.parametrize("flag, fused_kernel_runs", [([], True), (["--no-rope-fusion"], False)])
-def test_rope_fusion_flag_decides_between_the_kernel_and_the_unfused_math(recording, rope_utils, flag,
-                                                                          fused_kernel_runs):  # fmt: skip
+def test_rope_fusion_flag_decides_between_the_kernel_and_the_unfused_math(
+    recording, rope_utils, flag, fused_kernel_runs
+):
     from megatron_npu.training.arguments import parse_args
     from megatron_npu.training.config import transformer_config
 
-    args = parse_args(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
-                       "--seq-length", "16", "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3",
-                       "--mock-data", "--position-embedding-type", "rope", *flag],
-                      world_size=1, check_paths=False)  # fmt: skip
+    args = parse_args(
+        [
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "64",
+            "--num-attention-heads",
+            "4",
+            "--seq-length",
+            "16",
+            "--micro-batch-size",
+            "1",
+            "--train-iters",
+            "1",
+            "--lr",
+            "1e-3",
+            "--mock-data",
+            "--position-embedding-type",
+            "rope",
+            *flag,
+        ],
+        world_size=1,
+        check_paths=False,
+    )
     config = transformer_config(args)
     assert config.apply_rope_fusion is fused_kernel_runs
     generator = torch.Generator().manual_seed(0)
@@ -144,14 +165,35 @@ def test_norm_and_swiglu_route_through_the_accelerator_kernel_with_neutral_signa
 def swiglu_args(*flags: str):
     from megatron_npu.training.arguments import parse_args
 
-    return parse_args(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "16",
-                       "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3", "--mock-data", "--swiglu",
-                       *flags], world_size=1, check_paths=False)  # fmt: skip
+    return parse_args(
+        [
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "64",
+            "--num-attention-heads",
+            "4",
+            "--seq-length",
+            "16",
+            "--micro-batch-size",
+            "1",
+            "--train-iters",
+            "1",
+            "--lr",
+            "1e-3",
+            "--mock-data",
+            "--swiglu",
+            *flags,
+        ],
+        world_size=1,
+        check_paths=False,
+    )
 
 
 @pytest.mark.parametrize("flag, fused_kernel_runs", [([], True), (["--no-bias-swiglu-fusion"], False)])
-def test_swiglu_fusion_flag_decides_between_the_kernel_module_and_megatrons_unfused_glu(recording, flag,
-                                                                                       fused_kernel_runs):  # fmt: skip
+def test_swiglu_fusion_flag_decides_between_the_kernel_module_and_megatrons_unfused_glu(
+    recording, flag, fused_kernel_runs
+):
     from megatron_npu.spec import gpt_layer_spec
     from megatron_npu.training.config import transformer_config
 
@@ -192,8 +234,10 @@ def test_spec_provider_selects_fused_attention_only_for_use_flash_attn_on_a_devi
         def fused_kernel(self, key):
             return (lambda *a, **k: None) if key == "flash_attention" else None
 
-    for accelerator, expected in ((CpuAccelerator(), DotProductAttention),
-                                  (WithAttention(), FusedDotProductAttention if use_flash_attn else DotProductAttention)):  # fmt: skip
+    for accelerator, expected in (
+        (CpuAccelerator(), DotProductAttention),
+        (WithAttention(), FusedDotProductAttention if use_flash_attn else DotProductAttention),
+    ):
         set_accelerator(accelerator)
         try:
             layer = gpt_layer_spec(args).submodules
@@ -225,10 +269,17 @@ def test_flash_attention_twin_equals_megatron_dot_product_attention_with_gqa(mod
 
     from megatron_npu.ops.attention import FusedDotProductAttention
 
-    config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=8, num_query_groups=2,
-                               attention_dropout=0.0, masked_softmax_fusion=False)  # fmt: skip
-    attention = FusedDotProductAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal,
-                                         attention_type="self")  # fmt: skip
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=64,
+        num_attention_heads=8,
+        num_query_groups=2,
+        attention_dropout=0.0,
+        masked_softmax_fusion=False,
+    )
+    attention = FusedDotProductAttention(
+        config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self"
+    )
     generator = torch.Generator().manual_seed(3)
     query = torch.randn(16, 2, 8, 8, generator=generator)  # [sq, b, heads, head_dim]
     key, value = (torch.randn(16, 2, 2, 8, generator=generator) for _ in range(2))  # 2 query groups

@@ -47,9 +47,17 @@ def naive_groups(world: int, tp: int, pp: int, cp: int) -> dict[str, list[list[i
 
 
 LAYOUTS = [  # nnodes, nproc, tp, pp, cp
-    (1, 8, 8, 1, 1), (2, 8, 8, 2, 1), (2, 8, 2, 2, 1), (1, 8, 2, 2, 1), (2, 8, 2, 2, 2),
-    (4, 8, 4, 2, 2), (2, 4, 1, 2, 2), (2, 8, 1, 1, 1), (4, 8, 8, 4, 1), (2, 8, 4, 1, 4),
-]  # fmt: skip
+    (1, 8, 8, 1, 1),
+    (2, 8, 8, 2, 1),
+    (2, 8, 2, 2, 1),
+    (1, 8, 2, 2, 1),
+    (2, 8, 2, 2, 2),
+    (4, 8, 4, 2, 2),
+    (2, 4, 1, 2, 2),
+    (2, 8, 1, 1, 1),
+    (4, 8, 8, 4, 1),
+    (2, 8, 4, 1, 4),
+]
 
 
 @pytest.mark.parametrize("nnodes,nproc,tp,pp,cp", LAYOUTS)
@@ -90,7 +98,10 @@ def test_known_layouts():
     [
         (dict(tp=16, nnodes=2, nproc_per_node=8), r"TP=16 would span nodes.*TP sizes that fit: 1, 2, 4, 8"),
         (dict(tp=3, nnodes=1, nproc_per_node=8), r"TP=3 would span nodes"),
-        (dict(tp=8, pp=3, nnodes=2, nproc_per_node=8), r"world size 16 is not divisible by --tp 8 x --pp 3 x --cp 1 = 24"),
+        (
+            dict(tp=8, pp=3, nnodes=2, nproc_per_node=8),
+            r"world size 16 is not divisible by --tp 8 x --pp 3 x --cp 1 = 24",
+        ),
         (dict(tp=2, pp=2, cp=3, nnodes=2, nproc_per_node=8), r"world size 16 is not divisible by .* = 12"),
         (dict(tp=2, pp=1, vpp=2, nnodes=1, nproc_per_node=8), r"--vpp \(interleaved schedule\) needs --pp > 1"),
         (dict(tp=2, pp=2, ep=3, nnodes=1, nproc_per_node=8), r"--ep 3 must divide DP x CP = 2"),
@@ -123,19 +134,27 @@ def test_launch_layout_sizes_and_layers():
         (dict(world_size=8, pp=0), r"^--pp must be >= 1, got 0$"),
         (dict(world_size=8, cp=-1), r"^--cp must be >= 1, got -1$"),
         (dict(world_size=8, ep=0), r"^--ep must be >= 1, got 0$"),
-        (dict(world_size=16, nproc_per_node=16, devices_per_node=8),
-         r"^the launcher starts 16 processes per node but a node has 8 devices \(--devices-per-node\)$"),
+        (
+            dict(world_size=16, nproc_per_node=16, devices_per_node=8),
+            r"^the launcher starts 16 processes per node but a node has 8 devices \(--devices-per-node\)$",
+        ),
         (dict(world_size=8, tp=3, devices_per_node=8), r"^TP=3 does not fit in a node of 8 devices: .*\(--tp\)$"),
         (dict(world_size=16, tp=16, nnodes=2, nproc_per_node=8), r"^TP=16 would span nodes: .* 1, 2, 4, 8 \(--tp\)$"),
-        (dict(world_size=12, tp=4, pp=2), r"^world size 12 is not divisible by --tp 4 x --pp 2 x --cp 1 = 8; "
-                                          r"TP x PP x CP must be one of 1, 2, 3, 4, 6, 12$"),
+        (
+            dict(world_size=12, tp=4, pp=2),
+            r"^world size 12 is not divisible by --tp 4 x --pp 2 x --cp 1 = 8; "
+            r"TP x PP x CP must be one of 1, 2, 3, 4, 6, 12$",
+        ),
         (dict(world_size=8, tp=2, pp=2, ep=4), r"^--ep 4 must divide DP x CP = 2$"),
         (dict(world_size=8, pp=2, vpp=0), r"^--vpp must be >= 1, got 0$"),
         (dict(world_size=8, vpp=2), r"^--vpp \(interleaved schedule\) needs --pp > 1$"),
         (dict(world_size=8, pp=4, num_layers=6), r"^--num-layers 6 is not divisible by --pp 4$"),
-        (dict(world_size=8, pp=2, vpp=3, num_layers=8), r"^layers per pipeline stage \(8 / 2 = 4\) is not divisible by --vpp 3$"),
+        (
+            dict(world_size=8, pp=2, vpp=3, num_layers=8),
+            r"^layers per pipeline stage \(8 / 2 = 4\) is not divisible by --vpp 3$",
+        ),
     ],
-)  # fmt: skip
+)
 def test_parallel_dims_rules(kwargs, message):
     with pytest.raises(LayoutError, match=message):
         ParallelDims(**kwargs)
@@ -145,12 +164,17 @@ def test_parallel_dims_derived_sizes_and_trainer_flags():
     d = ParallelDims(32, tp=2, pp=2, cp=2, ep=2, vpp=2, nnodes=4, nproc_per_node=8, num_layers=8)
     assert (d.dp, d.dp_cp, d.model_parallel, d.virtual_stages, d.interleaved) == (4, 8, 4, 2, True)
     assert d.layers_per_chunk(8) == 2 and d.microbatches(64, 2) == 8
-    assert ParallelDims.for_launch(tp=2, nnodes=2, nproc_per_node=4) == ParallelDims(8, tp=2, nnodes=2, nproc_per_node=4)
+    assert ParallelDims.for_launch(tp=2, nnodes=2, nproc_per_node=4) == ParallelDims(
+        8, tp=2, nnodes=2, nproc_per_node=4
+    )
     assert ParallelDims.for_launch(8).nproc_per_node == 8  # one node holding every rank
     with pytest.raises(LayoutError, match="world_size 9 != --nnodes 2 x --nproc-per-node 4"):
         ParallelDims.for_launch(9, nnodes=2, nproc_per_node=4)
-    with pytest.raises(LayoutError, match=r"^--global-batch-size 10 is not divisible by --micro-batch-size 2 x "
-                                          r"data-parallel size 4 \(= world size 32 / \(TP 2 x PP 2 x CP 2\)\) = 8$"):
+    with pytest.raises(
+        LayoutError,
+        match=r"^--global-batch-size 10 is not divisible by --micro-batch-size 2 x "
+        r"data-parallel size 4 \(= world size 32 / \(TP 2 x PP 2 x CP 2\)\) = 8$",
+    ):
         d.microbatches(10, 2)
     with pytest.raises(LayoutError, match=r"^--seq-length 127 is not divisible by --cp 2$"):
         d.check_seq_length(127, False)
@@ -158,17 +182,27 @@ def test_parallel_dims_derived_sizes_and_trainer_flags():
         ParallelDims(4, tp=4).check_seq_length(6, True)
     ParallelDims(4, tp=4).check_seq_length(6, False)  # without SP the sequence is not split over TP
     # the trainer's flags: the message names what pretrain_gpt.py was given
-    args = dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2, num_layers=8,
-                num_layers_per_virtual_pipeline_stage=2)  # fmt: skip
+    args = dict(
+        tensor_model_parallel_size=2,
+        pipeline_model_parallel_size=2,
+        num_layers=8,
+        num_layers_per_virtual_pipeline_stage=2,
+    )
     assert ParallelDims.from_args(args, 4).vpp == 2
     assert ParallelDims.from_args({**args, "num_layers_per_virtual_pipeline_stage": 4}, 4).vpp is None  # 1 = none
-    with pytest.raises(LayoutError, match=r"^layers per pipeline stage \(8 / 2 = 4\) is not divisible by "
-                                          r"--num-layers-per-virtual-pipeline-stage 3$"):
+    with pytest.raises(
+        LayoutError,
+        match=r"^layers per pipeline stage \(8 / 2 = 4\) is not divisible by "
+        r"--num-layers-per-virtual-pipeline-stage 3$",
+    ):
         ParallelDims.from_args({**args, "num_layers_per_virtual_pipeline_stage": 3}, 4)
     with pytest.raises(LayoutError, match="mutually exclusive"):
         ParallelDims.from_args({**args, "num_virtual_stages_per_pipeline_rank": 2}, 4)
-    with pytest.raises(LayoutError, match=r"^world size 6 is not divisible by --tensor-model-parallel-size 2 x "
-                                          r"--pipeline-model-parallel-size 2 x --context-parallel-size 1 = 4"):
+    with pytest.raises(
+        LayoutError,
+        match=r"^world size 6 is not divisible by --tensor-model-parallel-size 2 x "
+        r"--pipeline-model-parallel-size 2 x --context-parallel-size 1 = 4",
+    ):
         ParallelDims.from_args(args, 6, TRAINER_FLAGS)
 
 
@@ -179,8 +213,18 @@ def test_model_shape_defaults_and_rules():
     s = ModelShape.build(4, 64, 4, swiglu=True, vocab_size=1000)
     assert (s.kv_channels, s.num_query_groups, s.ffn_hidden_size, s.fc1_out) == (16, 4, 128, 256)
     assert s.padded_vocab_size(1) == 1024 and s.padded_vocab_size(3) == 1152 and pad_vocab_size(128, 128, 2) == 256
-    assert ModelShape.from_args({"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2,
-                                 "group_query_attention": False}).num_query_groups == 4  # fmt: skip
+    assert (
+        ModelShape.from_args(
+            {
+                "num_layers": 4,
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "num_query_groups": 2,
+                "group_query_attention": False,
+            }
+        ).num_query_groups
+        == 4
+    )
     assert ModelShape.build(4, 64, 4, ffn_hidden_size=96, kv_channels=8).ffn_hidden_size == 96
     with pytest.raises(LayoutError, match=r"^--hidden-size 66 is not divisible by --num-attention-heads 4; "):
         ModelShape.build(4, 66, 4)
@@ -196,9 +240,29 @@ def test_model_shape_defaults_and_rules():
 
 def test_plan_swiglu_uses_the_trainers_ffn_default(capsys):
     """`megatron-npu plan --swiglu` without --ffn-hidden-size: fc1/fc2 sized by SwiGLU's 8h/3 rule, as trained."""
-    args = ["--nnodes", "1", "--nproc-per-node", "1", "--num-layers", "2", "--hidden-size", "64",
-            "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "2",
-            "--vocab-size", "1000", "--dtype", "fp32", "--json"]  # fmt: skip
+    args = [
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "1",
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "32",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "2",
+        "--vocab-size",
+        "1000",
+        "--dtype",
+        "fp32",
+        "--json",
+    ]
     assert planner.main([*args, "--swiglu"]) == 0
     swiglu = json.loads(capsys.readouterr().out)
     assert planner.main([*args, "--swiglu", "--ffn-hidden-size", "128"]) == 0
@@ -210,7 +274,15 @@ def test_cli_json_table_and_refusal(capsys):
     assert rankmap.main(["--nnodes", "2", "--nproc-per-node", "8", "--tp", "8", "--pp", "2", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["world_size"] == 16 and set(data["groups"]) == {"tp", "pp", "dp", "cp"}
-    assert data["ranks"][9] == {"rank": 9, "node": 1, "local_rank": 1, "tp_rank": 1, "pp_rank": 1, "dp_rank": 0, "cp_rank": 0}
+    assert data["ranks"][9] == {
+        "rank": 9,
+        "node": 1,
+        "local_rank": 1,
+        "tp_rank": 1,
+        "pp_rank": 1,
+        "dp_rank": 0,
+        "cp_rank": 0,
+    }
     assert rankmap.main(["--nnodes", "2", "--nproc-per-node", "8", "--tp", "2", "--pp", "2", "--hosts", "a,b"]) == 0
     text = capsys.readouterr().out
     assert "node 0 (a)" in text and "node 1 (b)" in text
@@ -221,8 +293,15 @@ def test_cli_json_table_and_refusal(capsys):
 
 
 # ---- planner ----------------------------------------------------------------------------------
-SMALL = dict(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=128, micro_batch_size=2,
-             global_batch_size=16, vocab_size=1000)  # fmt: skip
+SMALL = dict(
+    num_layers=4,
+    hidden_size=64,
+    num_attention_heads=4,
+    seq_length=128,
+    micro_batch_size=2,
+    global_batch_size=16,
+    vocab_size=1000,
+)
 ACT = 128 * 2 * 64 * 2  # one [s, b, h] bf16 activation: 32768 bytes
 LAYER = 128 + 2048 + 64 + 6144 + 96 + 128 + 8192 + 128 + 8192 + 64  # one layer's params at TP2: 25184
 EMB = 1024 * 64 // 2  # padded vocab 1024 (multiple of 128*TP) / TP2 x hidden
@@ -249,7 +328,11 @@ def test_plan_small_model_hand_computed():
     assert r0["embd"] == {"calls": 1, "bytes": EMB * 4, "wire_intra": 0.0, "wire_inter": EMB * 4}
     assert r0["mp"]["bytes"] == 4 and "dist_opt" not in r0
     assert p.ranks[1].by_label()["embd"] == r0["embd"]  # TP peer on the first stage: the same tied-embedding reduce
-    assert "embd" in r4 and "embd" not in plan(ModelSpec(**SMALL, untie_embeddings_and_output_weights=True), p.layout).ranks[0].by_label()
+    assert (
+        "embd" in r4
+        and "embd"
+        not in plan(ModelSpec(**SMALL, untie_embeddings_and_output_weights=True), p.layout).ranks[0].by_label()
+    )
     seconds = p.time_s(0)
     intra = 36 * ACT + r0["dp_cp"]["bytes"]
     inter = 4 * ACT + EMB * 4 + 2 * 3 / 4 * 4
@@ -258,8 +341,10 @@ def test_plan_small_model_hand_computed():
 
 def test_plan_per_token_loss_shares_the_token_count():
     items = {(it.label, it.op, it.what) for it in small_plan(per_token_loss=True).ranks[0].items}
-    assert {("pp", "broadcast", "token count (per-token loss)"),
-            ("dp_cp", "all_reduce", "token count (per-token loss)")} <= items  # fmt: skip
+    assert {
+        ("pp", "broadcast", "token count (per-token loss)"),
+        ("dp_cp", "all_reduce", "token count (per-token loss)"),
+    } <= items
     assert not any("token count" in it.what for it in small_plan().ranks[0].items)
 
 
@@ -292,9 +377,30 @@ def test_plan_refuses_and_cli(capsys):
     rmap = build_rank_map(tp=2, pp=2, nnodes=2, nproc_per_node=4)
     with pytest.raises(LayoutError, match="--global-batch-size 3"):
         plan(ModelSpec(**{**SMALL, "global_batch_size": 3}), rmap)
-    args = ["--nnodes", "2", "--nproc-per-node", "4", "--tp", "2", "--pp", "2", "--num-layers", "4", "--hidden-size", "64",
-            "--num-attention-heads", "4", "--seq-length", "128", "--micro-batch-size", "2", "--global-batch-size", "16",
-            "--vocab-size", "1000"]  # fmt: skip
+    args = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "4",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--num-layers",
+        "4",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "128",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "16",
+        "--vocab-size",
+        "1000",
+    ]
     assert planner.main([*args, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["ranks"][0]["groups"]["tp"]["bytes"] == 36 * ACT
@@ -349,8 +455,13 @@ def test_planner_params_and_buckets_match_megatron_core(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    res = subprocess.run([sys.executable, str(script), str(port)], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "MEGATRON_NPU_DEVICE": "cpu"})  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, str(script), str(port)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MEGATRON_NPU_DEVICE": "cpu"},
+    )
     assert "RESULT ok" in res.stdout, res.stderr[-3000:]
 
 
@@ -382,7 +493,10 @@ def test_rank_table_json_input_and_cli(tmp_path, capsys):
     hccn.write_text("ipaddr:10.1.1.0\nnetmask:255.255.255.0\nipaddr:10.1.1.1\nnetmask:255.255.255.0\n")
     lines = tmp_path / "h0.txt"
     lines.write_text("0 10.1.0.0\n1 10.1.0.1\n")
-    assert ranktable.main(["--hosts", "h0,h1", "--nproc-per-node", "2", "--nic", f"h0={lines}", "--nic", f"h1={hccn}"]) == 0
+    assert (
+        ranktable.main(["--hosts", "h0,h1", "--nproc-per-node", "2", "--nic", f"h0={lines}", "--nic", f"h1={hccn}"])
+        == 0
+    )
     assert json.loads(capsys.readouterr().out) == table
 
 
@@ -432,21 +546,45 @@ def test_script_dry_run_prints_both_nodes():
     for node, cmd in enumerate(cmds):
         assert f"--node_rank {node} " in cmd and "--nnodes 2 " in cmd and "--nproc_per_node 8 " in cmd
         assert cmd.split("--master_addr ")[1].split()[0] == "192.168.10.1"
-        for flag in ("--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 2", "--num-layers 40",
-                     "--hidden-size 5120", "--num-attention-heads 40", "--seq-length 4096", "--bf16",
-                     "--use-distributed-optimizer", "--sequence-parallel", "--distributed-backend nccl",
-                     "--lr-decay-style cosine", "--timing-log-level 1"):  # fmt: skip
+        for flag in (
+            "--tensor-model-parallel-size 8",
+            "--pipeline-model-parallel-size 2",
+            "--num-layers 40",
+            "--hidden-size 5120",
+            "--num-attention-heads 40",
+            "--seq-length 4096",
+            "--bf16",
+            "--use-distributed-optimizer",
+            "--sequence-parallel",
+            "--distributed-backend nccl",
+            "--lr-decay-style cosine",
+            "--timing-log-level 1",
+        ):
             assert flag in cmd, flag
         assert re.search(r"\S*pretrain_gpt\.py ", cmd)
-    for var in ("HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_IF_IP", "ASCEND_RT_VISIBLE_DEVICES",
-                "PYTORCH_NPU_ALLOC_CONF", "CUDA_DEVICE_MAX_CONNECTIONS=1"):  # fmt: skip
+    for var in (
+        "HCCL_CONNECT_TIMEOUT",
+        "HCCL_EXEC_TIMEOUT",
+        "HCCL_IF_IP",
+        "ASCEND_RT_VISIBLE_DEVICES",
+        "PYTORCH_NPU_ALLOC_CONF",
+        "CUDA_DEVICE_MAX_CONNECTIONS=1",
+    ):
         assert out.count(f"export {var}") == 2, var
     assert "export HCCL_IF_IP=192.168.10.2" in out  # node 1's bootstrap address in a dry run
 
 
 def test_script_scaled_down_overrides_and_refusals():
-    env = dict(HOSTS="127.0.0.1,127.0.0.1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29999", NPROC_PER_NODE="2",
-               TP="2", PP="2", EXTRA_ARGS="--mock-data --seed 3", RANK_MAP_CHECK="0")  # fmt: skip
+    env = dict(
+        HOSTS="127.0.0.1,127.0.0.1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="29999",
+        NPROC_PER_NODE="2",
+        TP="2",
+        PP="2",
+        EXTRA_ARGS="--mock-data --seed 3",
+        RANK_MAP_CHECK="0",
+    )
     res = run_script("--node-rank", "1", "--dry-run", **env)
     assert res.returncode == 0, res.stderr
     cmds = [line for line in res.stdout.splitlines() if "torch.distributed.run" in line]
@@ -461,13 +599,30 @@ def test_script_scaled_down_overrides_and_refusals():
 
 def test_script_cpu_knobs_drop_flags():
     """What tests/test_two_node.py relies on: fp32, no checkpoint paths, timing level 2, SP / dist-opt switches."""
-    env = dict(RANK_MAP_CHECK="0", DTYPE="fp32", CHECKPOINT_SAVE="", DATA_PATH="", TOKENIZER_MODEL="",
-               TIMING_LOG_LEVEL="2", SEQUENCE_PARALLEL="0", DISTRIBUTED_OPTIMIZER="0")  # fmt: skip
+    env = dict(
+        RANK_MAP_CHECK="0",
+        DTYPE="fp32",
+        CHECKPOINT_SAVE="",
+        DATA_PATH="",
+        TOKENIZER_MODEL="",
+        TIMING_LOG_LEVEL="2",
+        SEQUENCE_PARALLEL="0",
+        DISTRIBUTED_OPTIMIZER="0",
+    )
     res = run_script("--node-rank", "0", "--dry-run", **env)
     assert res.returncode == 0, res.stderr
     (cmd,) = [line for line in res.stdout.splitlines() if "torch.distributed.run" in line]
-    for gone in ("--bf16", "--fp16", "--save", "--load", "--data-path", "--tokenizer-model", "--sequence-parallel",
-                 "--use-distributed-optimizer", "--timing-log-level 1"):  # fmt: skip
+    for gone in (
+        "--bf16",
+        "--fp16",
+        "--save",
+        "--load",
+        "--data-path",
+        "--tokenizer-model",
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+        "--timing-log-level 1",
+    ):
         assert f"{gone} " not in cmd, gone
     assert "--timing-log-level 2 " in cmd and "--distributed-backend nccl " in cmd
     assert "--fp16 " in run_script("--dry-run", RANK_MAP_CHECK="0", DTYPE="fp16").stdout

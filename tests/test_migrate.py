@@ -101,14 +101,28 @@ def test_list_rules(capsys):
 
 EXPECTED_BASH = {
     "gpt3_175b_distributed.sh": {
-        6: {"visible-devices"}, 7: {"socket-ifname"}, 8: {"ib-timeout"}, 9: {"nccl-other"}, 10: {"nccl-debug"},
-        11: {"buffsize"}, 12: {"nvte"}, 13: {"alloc-conf", "connect-timeout", "exec-timeout", "npu-dir", "added-header"},
-        44: {"transformer-impl"}, 72: {"tp-comm-overlap"}, 75: {"backend"}, 93: {"cuda-graph"},
-        94: {"cuda-graph-scope"}, 97: {"entry"},
+        6: {"visible-devices"},
+        7: {"socket-ifname"},
+        8: {"ib-timeout"},
+        9: {"nccl-other"},
+        10: {"nccl-debug"},
+        11: {"buffsize"},
+        12: {"nvte"},
+        13: {"alloc-conf", "connect-timeout", "exec-timeout", "npu-dir", "added-header"},
+        44: {"transformer-impl"},
+        72: {"tp-comm-overlap"},
+        75: {"backend"},
+        93: {"cuda-graph"},
+        94: {"cuda-graph-scope"},
+        97: {"entry"},
     },
     "llama2_7b_string_args.sh": {
-        7: {"nccl-other"}, 8: {"torch-nccl", "connect-timeout", "exec-timeout", "npu-dir", "added-header"},
-        43: {"transformer-impl"}, 57: {"tp-comm-overlap"}, 72: {"entry"}, 76: {"backend"},
+        7: {"nccl-other"},
+        8: {"torch-nccl", "connect-timeout", "exec-timeout", "npu-dir", "added-header"},
+        43: {"transformer-impl"},
+        57: {"tp-comm-overlap"},
+        72: {"entry"},
+        76: {"backend"},
     },
 }
 
@@ -138,22 +152,46 @@ def test_bash_fixture(tmp_path, name):
 def test_gpt3_values_and_parse(tmp_path):
     rc, src, report, out = run(tmp_path, "gpt3_175b_distributed.sh")
     text = out.read_text()
-    for kept in ("export CUDA_DEVICE_MAX_CONNECTIONS=1", "NUM_NODES=16", "    --num-layers 96",
-                 "    --rampup-batch-size 16 16 5859375", "\t--tensor-model-parallel-size 8",
-                 "\t--pipeline-model-parallel-size 16", "    --save $CHECKPOINT_PATH", "    --split 949,50,1",
-                 "export HCCL_BUFFSIZE=8", "export HCCL_SOCKET_IFNAME=eth0", "    --use-flash-attn",
-                 "    --no-masked-softmax-fusion", "export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}",
-                 f"MEGATRON_NPU_DIR=${{MEGATRON_NPU_DIR:-{NPU_DIR}}}"):
+    for kept in (
+        "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+        "NUM_NODES=16",
+        "    --num-layers 96",
+        "    --rampup-batch-size 16 16 5859375",
+        "\t--tensor-model-parallel-size 8",
+        "\t--pipeline-model-parallel-size 16",
+        "    --save $CHECKPOINT_PATH",
+        "    --split 949,50,1",
+        "export HCCL_BUFFSIZE=8",
+        "export HCCL_SOCKET_IFNAME=eth0",
+        "    --use-flash-attn",
+        "    --no-masked-softmax-fusion",
+        "export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}",
+        f"MEGATRON_NPU_DIR=${{MEGATRON_NPU_DIR:-{NPU_DIR}}}",
+    ):
         assert kept in text.split("\n"), kept
     assert "# export NCCL_IB_DISABLE=0 # use InfiniBand  # megatron-npu migrate:" in text
-    assert report["layout"] == {"tp": 8, "pp": 16, "cp": 1, "ep": 1, "vpp": None, "nnodes": 16, "nproc_per_node": 8,
-                                "npus_per_node": 8, "world_size": 128, "dp": 1}
+    assert report["layout"] == {
+        "tp": 8,
+        "pp": 16,
+        "cp": 1,
+        "ep": 1,
+        "vpp": None,
+        "nnodes": 16,
+        "nproc_per_node": 8,
+        "npus_per_node": 8,
+        "world_size": 128,
+        "dp": 1,
+    }
     notes = {n["item"] for n in report["notes"]}
     assert {"--use-flash-attn", "--no-masked-softmax-fusion", "CUDA_DEVICE_MAX_CONNECTIONS"} <= notes
     launch = find_launch(text)
     args = parse_trainer_args(launch.args, world_size=128)
-    assert (args.num_layers, args.hidden_size, args.tensor_model_parallel_size,
-            args.pipeline_model_parallel_size) == (96, 12288, 8, 16)
+    assert (args.num_layers, args.hidden_size, args.tensor_model_parallel_size, args.pipeline_model_parallel_size) == (
+        96,
+        12288,
+        8,
+        16,
+    )
     assert args.transformer_impl == "local" and args.distributed_backend == "hccl"
     assert args.global_batch_size == 1536 and args.save == "$1"  # unresolved positional stays literal
 
@@ -161,8 +199,8 @@ def test_gpt3_values_and_parse(tmp_path):
 def test_llama_values_and_parse(tmp_path):
     rc, src, report, out = run(tmp_path, "llama2_7b_string_args.sh")
     text = out.read_text()
-    assert 'python -m torch.distributed.launch $DISTRIBUTED_ARGS \\' in text  # launcher kept
-    assert "    --no-gradient-accumulation-fusion \\\n    \"\n" in text  # string closed where --tp-comm-overlap was
+    assert "python -m torch.distributed.launch $DISTRIBUTED_ARGS \\" in text  # launcher kept
+    assert '    --no-gradient-accumulation-fusion \\\n    "\n' in text  # string closed where --tp-comm-overlap was
     assert "    --distributed-backend hccl 2>&1 | tee logs/llama2_7b.log" in text
     notes = {n["item"] for n in report["notes"]}
     assert {"--normalization RMSNorm", "--swiglu", "--apply-rope-fusion", "--use-flash-attn"} <= notes
@@ -179,8 +217,12 @@ def test_fp8_refused_then_forced(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 1 and report["verdict"] == "refused" and not out.exists()
     assert "fp8" in err and "--fp8-format hybrid" in err and "--fp8-param-gather" in err and "--force" in err
-    assert {f["item"] for f in report["refused"]} == {"--fp8-format hybrid", "--fp8-amax-history-len 1024",
-                                                       "--fp8-amax-compute-algo max", "--fp8-param-gather"}
+    assert {f["item"] for f in report["refused"]} == {
+        "--fp8-format hybrid",
+        "--fp8-amax-history-len 1024",
+        "--fp8-amax-compute-algo max",
+        "--fp8-param-gather",
+    }
     rc, src, report, out = run(tmp_path, "gpt_fp8.sh", "--force")
     assert rc == 0 and report["verdict"] == "ok-with-warnings"
     assert len(report["forced"]) == 4 and report["refused"] == []
@@ -200,15 +242,31 @@ def test_yaml_fixture(tmp_path):
     assert rc == 0 and report["verdict"] == "ok", report
     text = out.read_text()
     assert_only_reported_lines_change(src, text, report)
-    assert {c["rule"] for c in report["changes"]} == {"fp8-margin", "fp8-interval", "fp8-amax", "fp8",
-                                                     "tp-comm-overlap", "transformer-impl", "tp-comm-overlap-cfg",
-                                                     "backend"}
+    assert {c["rule"] for c in report["changes"]} == {
+        "fp8-margin",
+        "fp8-interval",
+        "fp8-amax",
+        "fp8",
+        "tp-comm-overlap",
+        "transformer-impl",
+        "tp-comm-overlap-cfg",
+        "backend",
+    }
     assert "  tp_comm_overlap: False # TE userbuffers" in text
     assert "distributed_backend: hccl   # NCCL everywhere" in text
     assert text.startswith("# WARNING: Yaml configs is currently an experimental feature\n")
     before, after = yaml.safe_load(src), yaml.safe_load(text)
-    changed = {"fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_wgrad",
-               "tp_comm_overlap", "transformer_impl", "tp_comm_overlap_cfg", "distributed_backend"}
+    changed = {
+        "fp8_margin",
+        "fp8_interval",
+        "fp8_amax_history_len",
+        "fp8_amax_compute_algo",
+        "fp8_wgrad",
+        "tp_comm_overlap",
+        "transformer_impl",
+        "tp_comm_overlap_cfg",
+        "distributed_backend",
+    }
 
     def flat(doc):
         return {k: v for k, v in cli_flatten(doc).items() if k not in changed}
@@ -233,20 +291,26 @@ def test_yaml_fp8_refused(tmp_path):
     rc = cli.main([str(src), "-o", str(tmp_path / "o.yaml")])
     assert rc == 1 and not (tmp_path / "o.yaml").exists()
     assert cli.main([str(src), "-o", str(tmp_path / "o.yaml"), "--force"]) == 0
-    assert (tmp_path / "o.yaml").read_text() == "language_model:\n  num_layers: 4\n  fp8: null  # Hopper\n  fp8_margin: null\n"
+    assert (
+        tmp_path / "o.yaml"
+    ).read_text() == "language_model:\n  num_layers: 4\n  fp8: null  # Hopper\n  fp8_margin: null\n"
 
 
 def test_layout_refused(tmp_path, capsys):
-    text = (FIXTURES / "llama2_7b_string_args.sh").read_text().replace(
-        "--tensor-model-parallel-size 2", "--tensor-model-parallel-size 16")
+    text = (
+        (FIXTURES / "llama2_7b_string_args.sh")
+        .read_text()
+        .replace("--tensor-model-parallel-size 2", "--tensor-model-parallel-size 16")
+    )
     rep = cli.migrate_text(text, "bash", npu_dir=NPU_DIR)
     assert rep.verdict == "refused" and "TP=16" in rep.checks["layout"]
     src = tmp_path / "t.sh"
     src.write_text((FIXTURES / "llama2_7b_string_args.sh").read_text())
     assert cli.main([str(src), "--npus-per-node", "4", "-o", str(tmp_path / "o.sh")]) == 1
     assert "8 processes per node" in capsys.readouterr().err
-    rep = cli.migrate_text(text.replace("GPUS_PER_NODE=8", "GPUS_PER_NODE=$NPUS"), "bash", npu_dir=NPU_DIR,
-                           npus_per_node=16)
+    rep = cli.migrate_text(
+        text.replace("GPUS_PER_NODE=8", "GPUS_PER_NODE=$NPUS"), "bash", npu_dir=NPU_DIR, npus_per_node=16
+    )
     assert rep.layout["nproc_per_node"] == 16  # unresolved: --npus-per-node assumed, with a warning
     assert any("nproc_per_node=$NPUS" in f.item for f in rep.result.unsupported)
 
@@ -274,11 +338,13 @@ def test_edge_cases(tmp_path):
 
 
 def test_native_script_unchanged():
-    text = ("#!/bin/bash\nexport HCCL_CONNECT_TIMEOUT=1800\nexport HCCL_EXEC_TIMEOUT=1836\n"
-            "MEGATRON_NPU_DIR=/opt/x\n"
-            "python ${MEGATRON_NPU_DIR}/pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 "
-            "--seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 1 "
-            "--train-iters 5 --lr 1e-4 --mock-data --tokenizer-type NullTokenizer --vocab-size 128\n")
+    text = (
+        "#!/bin/bash\nexport HCCL_CONNECT_TIMEOUT=1800\nexport HCCL_EXEC_TIMEOUT=1836\n"
+        "MEGATRON_NPU_DIR=/opt/x\n"
+        "python ${MEGATRON_NPU_DIR}/pretrain_gpt.py --num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+        "--seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 1 "
+        "--train-iters 5 --lr 1e-4 --mock-data --tokenizer-type NullTokenizer --vocab-size 128\n"
+    )
     rep = cli.migrate_text(text, "bash", npu_dir=NPU_DIR)
     assert rep.result.changes == [] and rep.result.text == text
     assert rep.verdict == "ok", rep.to_json()
@@ -308,7 +374,8 @@ def test_other_launchers_and_insert_point():
     out = rep.result.text.split("\n")
     # the added settings land before the launch, not after the later export
     assert out.index("MEGATRON_NPU_DIR=${MEGATRON_NPU_DIR:-/opt/megatron-npu}") < out.index(
-        "srun --ntasks-per-node=8 python ${MEGATRON_NPU_DIR}/pretrain_gpt.py ${ARGS[@]}")
+        "srun --ntasks-per-node=8 python ${MEGATRON_NPU_DIR}/pretrain_gpt.py ${ARGS[@]}"
+    )
     assert out[2] == "# megatron-npu migrate: Ascend settings (override from the environment)"
     assert rep.layout["world_size"] is None and "TP only" in rep.checks["layout"]
     assert rep.verdict == "ok", rep.to_json()
@@ -320,22 +387,29 @@ def test_python_module_entry(tmp_path):
     """python -m megatron_npu.migrate runs the same main (what the cli.py SUBCOMMANDS line points at)."""
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "megatron_npu.migrate", "--list-rules"], capture_output=True,
-                          text=True, env={**__import__("os").environ, "MEGATRON_NPU_AUTOPATCH": "0"}, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "megatron_npu.migrate", "--list-rules"],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "MEGATRON_NPU_AUTOPATCH": "0"},
+        timeout=120,
+    )
     assert proc.returncode == 0 and "visible-devices" in proc.stdout
 
 
 def test_env_statements():
-    text = ("#!/bin/bash\n"
-            "export NCCL_NVLS_ENABLE=0 FOO=1\n"
-            "export NCCL_P2P_LEVEL=NVL NVTE_X=1\n"
-            "export NCCL_ALGO\n"
-            "unset NCCL_ALGO\n"
-            "export GLOO_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME\n"
-            "export NCCL_BUFFSIZE=$BUF\n"
-            "A=(\n"
-            "  --tp-comm-overlap # fast\n"
-            ")\n")
+    text = (
+        "#!/bin/bash\n"
+        "export NCCL_NVLS_ENABLE=0 FOO=1\n"
+        "export NCCL_P2P_LEVEL=NVL NVTE_X=1\n"
+        "export NCCL_ALGO\n"
+        "unset NCCL_ALGO\n"
+        "export GLOO_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME\n"
+        "export NCCL_BUFFSIZE=$BUF\n"
+        "A=(\n"
+        "  --tp-comm-overlap # fast\n"
+        ")\n"
+    )
     rep = cli.migrate_text(text, "bash")
     out = rep.result.text.split("\n")
     assert out[1] == "export FOO=1"  # only the NCCL assignment goes; FOO stays exported
@@ -351,11 +425,13 @@ def test_env_statements():
 
 
 def test_heredoc_body_untouched():
-    text = ("#!/bin/bash\n"
-            "cat > notes.txt <<'EOF'\n"
-            "don't touch: --tp-comm-overlap NCCL_DEBUG=INFO\n"
-            "EOF\n"
-            "python pretrain_gpt.py --tp-comm-overlap  # it's removed here\n")
+    text = (
+        "#!/bin/bash\n"
+        "cat > notes.txt <<'EOF'\n"
+        "don't touch: --tp-comm-overlap NCCL_DEBUG=INFO\n"
+        "EOF\n"
+        "python pretrain_gpt.py --tp-comm-overlap  # it's removed here\n"
+    )
     rep = cli.migrate_text(text, "bash", npu_dir=NPU_DIR)
     out = rep.result.text.split("\n")
     assert "don't touch: --tp-comm-overlap NCCL_DEBUG=INFO" in out
@@ -369,12 +445,17 @@ def test_migrate_follows_the_trainers_policy():
     from megatron_npu.policy import refusal_for
     from megatron_npu.training.arguments import known_flags
 
-    text = ("#!/bin/bash\n"
-            "python pretrain_gpt.py --cuda-graph-impl none --num-layers 2\n"
-            "python pretrain_gpt.py --cuda-graph-impl local --num-layers 2\n")
+    text = (
+        "#!/bin/bash\n"
+        "python pretrain_gpt.py --cuda-graph-impl none --num-layers 2\n"
+        "python pretrain_gpt.py --cuda-graph-impl local --num-layers 2\n"
+    )
     out = cli.migrate_text(text, "bash", npu_dir=NPU_DIR).result.text.split("\n")
-    assert out[-3:] == ["python ${MEGATRON_NPU_DIR}/pretrain_gpt.py --cuda-graph-impl none --num-layers 2",
-                        "python ${MEGATRON_NPU_DIR}/pretrain_gpt.py --num-layers 2", ""]
+    assert out[-3:] == [
+        "python ${MEGATRON_NPU_DIR}/pretrain_gpt.py --cuda-graph-impl none --num-layers 2",
+        "python ${MEGATRON_NPU_DIR}/pretrain_gpt.py --num-layers 2",
+        "",
+    ]
     assert "--cuda-graph-impl" in known_flags()  # the trainer parses it to check the value
     yaml_text = "cuda_graph_impl: none\nenable_cuda_graph: true\n"
     assert cli.migrate_text(yaml_text, "yaml").result.text == "cuda_graph_impl: none\nenable_cuda_graph: false\n"

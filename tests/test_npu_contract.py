@@ -25,9 +25,21 @@ def wheel() -> zipfile.ZipFile:
     if not found:
         CACHE.mkdir(parents=True, exist_ok=True)
         command = [
-            sys.executable, "-m", "pip", "download", "--no-deps", WHEEL_SPEC, "--python-version", "3.11",
-            "--platform", "manylinux_2_28_x86_64", "--only-binary=:all:", "-d", str(CACHE), "-q",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            WHEEL_SPEC,
+            "--python-version",
+            "3.11",
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--only-binary=:all:",
+            "-d",
+            str(CACHE),
+            "-q",
+        ]
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         found = sorted(CACHE.glob("torch_npu-2.14.0-*.whl"))
         if not found:
@@ -87,7 +99,11 @@ def registered_ops(wheel: zipfile.ZipFile) -> dict[str, list[str]]:
         if not isinstance(node, ast.FunctionDef):
             continue
         for decorator in node.decorator_list:
-            if isinstance(decorator, ast.Call) and len(decorator.args) >= 2 and isinstance(decorator.args[1], ast.Constant):
+            if (
+                isinstance(decorator, ast.Call)
+                and len(decorator.args) >= 2
+                and isinstance(decorator.args[1], ast.Constant)
+            ):
                 arguments = [a.arg for a in node.args.args + node.args.kwonlyargs]
                 ops[decorator.args[1].value] = arguments
     return ops
@@ -107,7 +123,9 @@ def test_every_fused_op_we_name_exists_with_the_documented_arguments(wheel):
     assert named == {"npu_fusion_attention", "npu_rms_norm", "npu_swiglu", "npu_rotary_mul"}
     assert not sorted(named - set(ops)), "fused op missing from torch_npu 2.14.0"
     assert ops["npu_fusion_attention"][:5] == ["query", "key", "value", "head_num", "input_layout"]
-    assert {"atten_mask", "scale", "keep_prob", "pre_tockens", "next_tockens", "sparse_mode"} <= set(ops["npu_fusion_attention"])
+    assert {"atten_mask", "scale", "keep_prob", "pre_tockens", "next_tockens", "sparse_mode"} <= set(
+        ops["npu_fusion_attention"]
+    )
     # NpuAccelerator._fused_*: npu_rms_norm(x, weight, epsilon=eps), npu_swiglu(x, dim=-1), npu_rotary_mul(t, cos, sin)
     assert ops["npu_rms_norm"][1:] == ["gamma", "epsilon"]
     assert ops["npu_swiglu"] == ["x", "dim"]
@@ -121,8 +139,12 @@ def fused_op_calls() -> dict[str, list[tuple[int, set[str]]]]:
     calls: dict[str, list[tuple[int, set[str]]]] = {}
     for node in ast.walk(tree):
         func = node.func if isinstance(node, ast.Call) else None
-        if (isinstance(func, ast.Attribute) and func.attr.startswith("npu_") and isinstance(func.value, ast.Attribute)
-                and func.value.attr == "_torch_npu"):  # fmt: skip
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr.startswith("npu_")
+            and isinstance(func.value, ast.Attribute)
+            and func.value.attr == "_torch_npu"
+        ):
             calls.setdefault(func.attr, []).append((len(node.args), {k.arg for k in node.keywords}))
     return calls
 
@@ -143,8 +165,12 @@ def test_fused_kernels_keep_the_neutral_signatures_of_accelerator_fused_kernel()
 
     from megatron_npu.accelerator import npu
 
-    expected = {"rms_norm": ["x", "weight", "eps"], "swiglu": ["x"], "rotary": ["t", "cos", "sin"],
-                "flash_attention": ["query", "key", "value", "softmax_scale", "dropout_p"]}  # fmt: skip
+    expected = {
+        "rms_norm": ["x", "weight", "eps"],
+        "swiglu": ["x"],
+        "rotary": ["t", "cos", "sin"],
+        "flash_attention": ["query", "key", "value", "softmax_scale", "dropout_p"],
+    }
     assert set(expected) == set(npu._FUSED_KERNELS)
     for key, params in expected.items():
         method = getattr(npu.NpuAccelerator, f"_fused_{key}")
@@ -153,7 +179,9 @@ def test_fused_kernels_keep_the_neutral_signatures_of_accelerator_fused_kernel()
 
 def test_the_hccl_backend_is_registered_by_the_wheel(wheel):
     sources = [name for name in wheel.namelist() if name.startswith("torch_npu/") and name.endswith(".py")]
-    assert any(b'"hccl"' in wheel.read(name) or b"'hccl'" in wheel.read(name) for name in sources if "distributed" in name)
+    assert any(
+        b'"hccl"' in wheel.read(name) or b"'hccl'" in wheel.read(name) for name in sources if "distributed" in name
+    )
 
 
 def classes(wheel: zipfile.ZipFile, path: str) -> dict[str, ast.ClassDef]:

@@ -42,13 +42,21 @@ def decisions(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
         if isinstance(node, ast.Compare):
             for operand in (node.left, *node.comparators):
                 spelled |= _names_in(operand)
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr in ("startswith", "endswith", "__eq__") and node.args):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("startswith", "endswith", "__eq__")
+            and node.args
+        ):
             spelled |= _names_in(node.args[0])
         elif isinstance(node, ast.match_case):
-            spelled |= {v.value.value.lower() for v in ast.walk(node.pattern)
-                        if isinstance(v, ast.MatchValue) and isinstance(v.value, ast.Constant)
-                        and isinstance(v.value.value, str)} & NAMES
+            spelled |= {
+                v.value.value.lower()
+                for v in ast.walk(node.pattern)
+                if isinstance(v, ast.MatchValue)
+                and isinstance(v.value, ast.Constant)
+                and isinstance(v.value.value, str)
+            } & NAMES
         if spelled:
             line = getattr(node, "lineno", None) or node.pattern.lineno  # type: ignore[attr-defined]
             found.append((line, source.splitlines()[line - 1].strip()))
@@ -82,4 +90,5 @@ match target:
 def test_no_device_name_decision_outside_the_accelerator(path):
     found = decisions(path.read_text(encoding="utf-8"), str(path))
     assert not found, "ask get_accelerator() a behaviour question instead:\n" + "\n".join(
-        f"{path.relative_to(ROOT)}:{line}: {code}" for line, code in found)
+        f"{path.relative_to(ROOT)}:{line}: {code}" for line, code in found
+    )

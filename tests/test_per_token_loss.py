@@ -28,11 +28,39 @@ def short_documents(tmp_path_factory) -> list[str]:
     with open(root / "docs.jsonl", "w") as f:
         for _ in range(3000):
             f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(rng.randint(1, 12)))}) + "\n")
-    run(parse_args(["--input", str(root / "docs.jsonl"), "--output-prefix", str(root / "docs"), "--append-eod",
-                    "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", DEMO_TOKENIZER_MODEL]))
-    return ["--data-path", str(root / "docs_text_document"), "--split", "100,0,0", "--eod-mask-loss",
-            "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", DEMO_TOKENIZER_MODEL,
-            "--train-iters", str(ITERS), "--eval-iters", "0", "--lr", "1e-2", *NO_DROPOUT]
+    run(
+        parse_args(
+            [
+                "--input",
+                str(root / "docs.jsonl"),
+                "--output-prefix",
+                str(root / "docs"),
+                "--append-eod",
+                "--tokenizer-type",
+                "GPTSentencePieceTokenizer",
+                "--tokenizer-model",
+                DEMO_TOKENIZER_MODEL,
+            ]
+        )
+    )
+    return [
+        "--data-path",
+        str(root / "docs_text_document"),
+        "--split",
+        "100,0,0",
+        "--eod-mask-loss",
+        "--tokenizer-type",
+        "GPTSentencePieceTokenizer",
+        "--tokenizer-model",
+        DEMO_TOKENIZER_MODEL,
+        "--train-iters",
+        str(ITERS),
+        "--eval-iters",
+        "0",
+        "--lr",
+        "1e-2",
+        *NO_DROPOUT,
+    ]
 
 
 @pytest.fixture(scope="module")

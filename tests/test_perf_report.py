@@ -35,8 +35,19 @@ def run_report(run_dir: Path, *extra: str) -> tuple[int, str, str]:
 def tp2_pp2(tmp_path_factory):
     run = tmp_path_factory.mktemp("perf_tp2pp2")
     # --swiglu without --ffn-hidden-size: the planner must size the MLP by SwiGLU's rule, as the trainer does
-    pretrain(run, "--train-iters", "4", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-             "--swiglu", "--timing-log-level", "2", nproc=4).check()  # fmt: skip
+    pretrain(
+        run,
+        "--train-iters",
+        "4",
+        "--tensor-model-parallel-size",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--swiglu",
+        "--timing-log-level",
+        "2",
+        nproc=4,
+    ).check()
     code, text, err = run_report(run)
     assert code == 0, err
     code, js, err = run_report(run, "--json")
@@ -56,8 +67,21 @@ def slow_loader(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     run = tmp_path_factory.mktemp("perf_nodes")
-    jobs = torchrun_nodes(PRETRAIN, *MODEL, *MOCK_DATA, "--train-iters", "3", "--tensor-model-parallel-size", "2",
-                          "--timing-log-level", "2", "--log-dir", str(run / "logs"), nnodes=2, nproc_per_node=2)  # fmt: skip
+    jobs = torchrun_nodes(
+        PRETRAIN,
+        *MODEL,
+        *MOCK_DATA,
+        "--train-iters",
+        "3",
+        "--tensor-model-parallel-size",
+        "2",
+        "--timing-log-level",
+        "2",
+        "--log-dir",
+        str(run / "logs"),
+        nnodes=2,
+        nproc_per_node=2,
+    )
     for job in jobs:
         job.check()
     code, text, err = run_report(run)
@@ -136,8 +160,10 @@ def test_traffic_matches_the_planner_and_stays_on_one_node(tp2_pp2):
     busy = b["busy_s"]
     assert set(busy) == {"0", "1", "2", "3"} and min(busy.values()) > 0
     assert b["rank_spread"] == pytest.approx(max(busy.values()) / min(busy.values()), rel=1e-12)
-    assert (b["verdict"] == "FLAGGED") == (b["rank_spread"] > perf_report.BALANCE_SPREAD_LIMIT
-                                           or b["bubble_measured_worst"] > 1 / 5 + perf_report.BUBBLE_EXCESS_LIMIT)
+    assert (b["verdict"] == "FLAGGED") == (
+        b["rank_spread"] > perf_report.BALANCE_SPREAD_LIMIT
+        or b["bubble_measured_worst"] > 1 / 5 + perf_report.BUBBLE_EXCESS_LIMIT
+    )
 
 
 def test_plan_cli_with_swiglu_counts_the_measured_bytes(tp2_pp2, capsys):
@@ -145,12 +171,41 @@ def test_plan_cli_with_swiglu_counts_the_measured_bytes(tp2_pp2, capsys):
     run, _, rep = tp2_pp2
     args = json.loads((run / "logs" / "args.json").read_text())
     assert args["swiglu"] and args["ffn_hidden_size"] == 128  # int((4 * 64 * 2/3) / 64) * 64, not 4h = 256
-    assert planner.main([
-        "--nnodes", "1", "--nproc-per-node", "4", "--tp", "2", "--pp", "2", "--num-layers", "4", "--hidden-size", "64",
-        "--num-attention-heads", "4", "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size", "2",
-        "--global-batch-size", "8", "--vocab-size", str(args["vocab_size"] + 1),  # NullTokenizer: ids + eod
-        "--dtype", "fp32", "--swiglu", "--json",
-    ]) == 0  # fmt: skip
+    assert (
+        planner.main(
+            [
+                "--nnodes",
+                "1",
+                "--nproc-per-node",
+                "4",
+                "--tp",
+                "2",
+                "--pp",
+                "2",
+                "--num-layers",
+                "4",
+                "--hidden-size",
+                "64",
+                "--num-attention-heads",
+                "4",
+                "--seq-length",
+                "32",
+                "--max-position-embeddings",
+                "32",
+                "--micro-batch-size",
+                "2",
+                "--global-batch-size",
+                "8",
+                "--vocab-size",
+                str(args["vocab_size"] + 1),  # NullTokenizer: ids + eod
+                "--dtype",
+                "fp32",
+                "--swiglu",
+                "--json",
+            ]
+        )
+        == 0
+    )
     plan = json.loads(capsys.readouterr().out)
     for label in ("tp", "pp", "dp_cp", "embd"):
         planned = sum(r["groups"].get(label, {}).get("bytes", 0) for r in plan["ranks"]) / len(plan["ranks"])
@@ -191,4 +246,9 @@ def test_npu_smi_samples_and_bad_input(tp2_pp2, tmp_path):
     assert code == 0, err
     assert json.loads(js)["checks"]["balance"]["npu_smi_aicore_pct"]["npu_smi_card0.txt"]["mean"] == 85
     code, out, err = run_report(tmp_path / "nothing")
-    assert code == 2 and err.startswith("perf-report: error:") and "--timing-log-level" in err and len(err.splitlines()) == 1
+    assert (
+        code == 2
+        and err.startswith("perf-report: error:")
+        and "--timing-log-level" in err
+        and len(err.splitlines()) == 1
+    )

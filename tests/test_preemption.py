@@ -24,8 +24,15 @@ def _launch_and_signal(run_dir, *flags: str) -> tuple[int, str]:
     command = torchrun_command(PRETRAIN, *MODEL, *MOCK_DATA, *flags, "--log-dir", str(run_dir / "logs"), nproc=2)
     metrics = run_dir / "logs" / "metrics.jsonl"
     with tempfile.TemporaryFile("w+") as out:
-        job = subprocess.Popen(command, env=base_env(), cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, text=True)  # fmt: skip
+        job = subprocess.Popen(
+            command,
+            env=base_env(),
+            cwd=str(ROOT),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 300
             while True:
@@ -46,8 +53,19 @@ def _launch_and_signal(run_dir, *flags: str) -> tuple[int, str]:
 
 def test_sigterm_saves_the_iteration_in_flight_stops_every_rank_and_resumes(tmp_path):
     save = tmp_path / "ckpt"
-    flags = ["--pipeline-model-parallel-size", "2", "--num-workers", "1", "--exit-signal-handler",
-             "--train-iters", "100000", "--save", str(save), "--save-interval", "100000"]  # fmt: skip
+    flags = [
+        "--pipeline-model-parallel-size",
+        "2",
+        "--num-workers",
+        "1",
+        "--exit-signal-handler",
+        "--train-iters",
+        "100000",
+        "--save",
+        str(save),
+        "--save-interval",
+        "100000",
+    ]
     _, log = _launch_and_signal(tmp_path / "preempted", *flags)
 
     assert "DataLoader worker" not in log, log[-4000:]
@@ -60,8 +78,19 @@ def test_sigterm_saves_the_iteration_in_flight_stops_every_rank_and_resumes(tmp_
     assert (save / f"iter_{iteration:07d}").is_dir()
     assert not [p.name for p in save.iterdir() if p.name.endswith(".partial")]
 
-    resumed = pretrain(tmp_path / "resumed", "--pipeline-model-parallel-size", "2", "--load", str(save),
-                       "--train-iters", "100000", "--exit-interval", str(iteration + 1), "--eval-iters", "0",
-                       nproc=2).check()  # fmt: skip
+    resumed = pretrain(
+        tmp_path / "resumed",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--load",
+        str(save),
+        "--train-iters",
+        "100000",
+        "--exit-interval",
+        str(iteration + 1),
+        "--eval-iters",
+        "0",
+        nproc=2,
+    ).check()
     assert f"iteration {iteration + 1:8d}/  100000" in resumed.stdout, resumed.stdout[-3000:]
     assert sorted(train_losses(tmp_path / "resumed")) == [iteration + 1]

@@ -27,26 +27,47 @@ def flags(*changes: str, drop: tuple[str, ...] = ()) -> list[str]:
 
 
 CASES = {
-    "world_not_divisible": (6, flags("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"),
-                            ["--tensor-model-parallel-size", "--pipeline-model-parallel-size", "6"]),
-    "heads_vs_tp": (4, flags("--tensor-model-parallel-size", "4", "--num-attention-heads", "6",
-                             "--hidden-size", "96"), ["--num-attention-heads", "6", "--tensor-model-parallel-size"]),
-    "query_groups_vs_tp": (2, flags("--tensor-model-parallel-size", "2", "--group-query-attention",
-                                    "--num-query-groups", "1"), ["--num-query-groups", "--tensor-model-parallel-size"]),
-    "layers_vs_pp": (3, flags("--pipeline-model-parallel-size", "3"), ["--num-layers", "--pipeline-model-parallel-size"]),
-    "layers_vs_virtual_stages": (2, flags("--pipeline-model-parallel-size", "2",
-                                          "--num-layers-per-virtual-pipeline-stage", "3"),
-                                 ["--num-layers-per-virtual-pipeline-stage"]),
+    "world_not_divisible": (
+        6,
+        flags("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"),
+        ["--tensor-model-parallel-size", "--pipeline-model-parallel-size", "6"],
+    ),
+    "heads_vs_tp": (
+        4,
+        flags("--tensor-model-parallel-size", "4", "--num-attention-heads", "6", "--hidden-size", "96"),
+        ["--num-attention-heads", "6", "--tensor-model-parallel-size"],
+    ),
+    "query_groups_vs_tp": (
+        2,
+        flags("--tensor-model-parallel-size", "2", "--group-query-attention", "--num-query-groups", "1"),
+        ["--num-query-groups", "--tensor-model-parallel-size"],
+    ),
+    "layers_vs_pp": (
+        3,
+        flags("--pipeline-model-parallel-size", "3"),
+        ["--num-layers", "--pipeline-model-parallel-size"],
+    ),
+    "layers_vs_virtual_stages": (
+        2,
+        flags("--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "3"),
+        ["--num-layers-per-virtual-pipeline-stage"],
+    ),
     "wandb_without_a_name": (1, flags("--wandb-project", "p", "--save", "/tmp/unused"), ["--wandb-exp-name"]),
     "global_batch_vs_dp": (4, flags("--global-batch-size", "6"), ["--global-batch-size", "--micro-batch-size"]),
     "seq_length_vs_positions": (1, flags("--seq-length", "64"), ["--seq-length", "--max-position-embeddings"]),
-    "missing_data": (1, flags("--data-path", "/nonexistent/corpus_text_document", drop=("--mock-data",)),
-                     ["/nonexistent/corpus_text_document", "megatron-npu preprocess"]),
-    "missing_tokenizer": (1, flags("--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model",
-                                   "/nonexistent/tok.model"), ["--tokenizer-model", "/nonexistent/tok.model"]),
+    "missing_data": (
+        1,
+        flags("--data-path", "/nonexistent/corpus_text_document", drop=("--mock-data",)),
+        ["/nonexistent/corpus_text_document", "megatron-npu preprocess"],
+    ),
+    "missing_tokenizer": (
+        1,
+        flags("--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", "/nonexistent/tok.model"),
+        ["--tokenizer-model", "/nonexistent/tok.model"],
+    ),
     "unknown_flag": (1, flags("--no-such-flag"), ["--no-such-flag"]),
     "fp8_refused": (1, flags("--fp8-format", "hybrid"), ["--fp8-format", "--bf16"]),
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +85,12 @@ def test_bad_configuration_exits_with_one_message_before_any_process_group(name,
     monkeypatch.setenv("WORLD_SIZE", str(world_size))
     monkeypatch.setenv("RANK", "0")
     status = pretrain_gpt.pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider, pretrain_gpt.model_provider, None, pretrain_gpt.forward_step,
+        pretrain_gpt.train_valid_test_datasets_provider,
+        pretrain_gpt.model_provider,
+        None,
+        pretrain_gpt.forward_step,
         argv=argv,
-    )  # fmt: skip
+    )
     err = capsys.readouterr().err
     assert status == 2
     assert not dist.is_initialized()
@@ -77,8 +101,11 @@ def test_bad_configuration_exits_with_one_message_before_any_process_group(name,
 
 
 def test_command_line_error_has_no_traceback():
-    job = run([sys.executable, str(PRETRAIN), *flags("--pipeline-model-parallel-size", "3")],
-              env=base_env(WORLD_SIZE="3", RANK="0"), timeout=120)  # fmt: skip
+    job = run(
+        [sys.executable, str(PRETRAIN), *flags("--pipeline-model-parallel-size", "3")],
+        env=base_env(WORLD_SIZE="3", RANK="0"),
+        timeout=120,
+    )
     assert job.returncode == 2
     assert "megatron-npu: error:" in job.stderr and "--num-layers" in job.stderr
     assert "Traceback" not in job.stderr

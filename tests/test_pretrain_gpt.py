@@ -29,11 +29,29 @@ ITERATION_LINE = re.compile(
 @pytest.fixture(scope="module")
 def dropout_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("dropout")
-    job = pretrain(run, *ITERS, *DECOUPLED, "--use-distributed-optimizer", "--save", str(run / "ckpt"),
-                   "--save-interval", "3", "--tensorboard-dir", str(run / "tb"),
-                   "--wandb-project", "megatron-npu-tests", "--wandb-exp-name", "dropout",
-                   "--wandb-save-dir", str(run / "wb"),
-                   "--profile", "--profile-step-start", "2", "--profile-step-end", "3").check()  # fmt: skip
+    job = pretrain(
+        run,
+        *ITERS,
+        *DECOUPLED,
+        "--use-distributed-optimizer",
+        "--save",
+        str(run / "ckpt"),
+        "--save-interval",
+        "3",
+        "--tensorboard-dir",
+        str(run / "tb"),
+        "--wandb-project",
+        "megatron-npu-tests",
+        "--wandb-exp-name",
+        "dropout",
+        "--wandb-save-dir",
+        str(run / "wb"),
+        "--profile",
+        "--profile-step-start",
+        "2",
+        "--profile-step-end",
+        "3",
+    ).check()
     return run, job
 
 
@@ -46,16 +64,27 @@ def resumed_run(dropout_run, tmp_path_factory):
     killed = root / "iter_0000006.partial"
     killed.mkdir()
     (killed / "__0_0.distcp").write_bytes(b"half a shard")
-    job = pretrain(run, *ITERS, *DECOUPLED, "--use-distributed-optimizer", "--load", str(root), "--save", str(root),
-                   "--save-interval", "3").check()  # fmt: skip
+    job = pretrain(
+        run,
+        *ITERS,
+        *DECOUPLED,
+        "--use-distributed-optimizer",
+        "--load",
+        str(root),
+        "--save",
+        str(root),
+        "--save-interval",
+        "3",
+    ).check()
     return run, job
 
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("tp1")
-    pretrain(run, *ITERS, *NO_DROPOUT, "--use-distributed-optimizer", "--save", str(run / "ckpt"),
-             "--save-interval", "3").check()  # fmt: skip
+    pretrain(
+        run, *ITERS, *NO_DROPOUT, "--use-distributed-optimizer", "--save", str(run / "ckpt"), "--save-interval", "3"
+    ).check()
     return run
 
 
@@ -68,21 +97,42 @@ def _resharded(reference_run, tmp_path_factory, name, *layout):
 
 @pytest.fixture(scope="module")
 def tp2_dp2_run(reference_run, tmp_path_factory):
-    return _resharded(reference_run, tmp_path_factory, "tp2dp2", "--tensor-model-parallel-size", "2",
-                      "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce")  # fmt: skip
+    return _resharded(
+        reference_run,
+        tmp_path_factory,
+        "tp2dp2",
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+        "--overlap-grad-reduce",
+    )
 
 
 @pytest.fixture(scope="module")
 def tp2_pp2_vpp2_run(reference_run, tmp_path_factory):
-    return _resharded(reference_run, tmp_path_factory, "vpp", "--tensor-model-parallel-size", "2",
-                      "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
-                      "--use-distributed-optimizer")  # fmt: skip
+    return _resharded(
+        reference_run,
+        tmp_path_factory,
+        "vpp",
+        "--tensor-model-parallel-size",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--num-layers-per-virtual-pipeline-stage",
+        "1",
+        "--use-distributed-optimizer",
+    )
 
 
 def assert_close(actual: dict[int, float], expected: dict[int, float], rel: float) -> None:
     assert actual.keys() == expected.keys(), (actual, expected)
     for iteration, value in actual.items():
-        assert abs(value - expected[iteration]) <= rel * abs(expected[iteration]), (iteration, value, expected[iteration])
+        assert abs(value - expected[iteration]) <= rel * abs(expected[iteration]), (
+            iteration,
+            value,
+            expected[iteration],
+        )
 
 
 def test_iteration_lines_have_megatron_lm_shape_and_the_loss_falls(dropout_run):
@@ -102,7 +152,11 @@ def test_checkpoints_are_megatron_lm_layout_and_nothing_partial_is_left(dropout_
     run, _ = dropout_run
     ckpt = run / "ckpt"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "6"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["iter_0000003", "iter_0000006", "latest_checkpointed_iteration.txt"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "iter_0000003",
+        "iter_0000006",
+        "latest_checkpointed_iteration.txt",
+    ]
     assert (ckpt / "iter_0000003" / "metadata.json").exists() and (ckpt / "iter_0000003" / "common.pt").exists()
 
 
@@ -124,8 +178,13 @@ def test_wandb_gets_megatron_lm_keys_per_iteration_and_evaluation(dropout_run):
 def test_decoupled_lr_runs_the_same_schedule_on_the_embedding_and_output_layer(dropout_run):
     _, job = dropout_run
     lines = [line for line in job.stdout.splitlines() if "] iteration " in line]
-    pairs = [(float(re.search(r" learning rate: ([\d.E+-]+)", line).group(1)),
-              float(re.search(r"decoupled learning rate: ([\d.E+-]+)", line).group(1))) for line in lines]  # fmt: skip
+    pairs = [
+        (
+            float(re.search(r" learning rate: ([\d.E+-]+)", line).group(1)),
+            float(re.search(r"decoupled learning rate: ([\d.E+-]+)", line).group(1)),
+        )
+        for line in lines
+    ]
     assert len(pairs) == 6
     assert pairs[0] == pytest.approx((5e-4, 2.5e-3))  # linear warmup over 2 iterations from 0: ratio 5
     assert pairs[-1] == pytest.approx((1e-4, 5e-4))  # the decay's end: each group's minimum
@@ -140,8 +199,16 @@ def test_tensorboard_has_megatron_tag_names(dropout_run):
     events = EventAccumulator(str(run / "tb"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"lm loss", "learning-rate", "grad-norm", "loss-scale", "batch-size", "lm loss validation",
-            "lm loss test", "decoupled-learning-rate"} <= tags
+    assert {
+        "lm loss",
+        "learning-rate",
+        "grad-norm",
+        "loss-scale",
+        "batch-size",
+        "lm loss validation",
+        "lm loss test",
+        "decoupled-learning-rate",
+    } <= tags
     assert [e.step for e in events.Scalars("lm loss")] == [1, 2, 3, 4, 5, 6]
 
 
@@ -166,7 +233,11 @@ def test_a_save_killed_midway_never_shadows_the_last_complete_checkpoint(resumed
     run, job = resumed_run
     root = run / "ckpt"
     assert "at iteration 3" in job.stdout  # the tracker, not the half-written directory, decides
-    assert sorted(p.name for p in root.iterdir()) == ["iter_0000003", "iter_0000006", "latest_checkpointed_iteration.txt"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        "iter_0000003",
+        "iter_0000006",
+        "latest_checkpointed_iteration.txt",
+    ]
     assert (root / "latest_checkpointed_iteration.txt").read_text() == "6"
 
 
@@ -214,13 +285,42 @@ def test_llama_style_fp16_with_recompute_on_real_data_counts_skipped_iterations_
     (hysteresis 2) the scale halves, as in Megatron-LM."""
     from megatron_npu.data import DEMO_TOKENIZER_MODEL, ensure_demo_dataset
 
-    data = ["--data-path", ensure_demo_dataset(str(tmp_path / "data")), "--split", "98,2,0",
-            "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model", DEMO_TOKENIZER_MODEL]  # fmt: skip
-    job = pretrain(tmp_path, *data, "--train-iters", "3", "--fp16", "--eval-iters", "0", "--group-query-attention",
-                   "--num-query-groups", "2", "--position-embedding-type", "rope", "--swiglu",
-                   "--normalization", "RMSNorm", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
-                   "--recompute-granularity", "full", "--recompute-method", "uniform",
-                   "--recompute-num-layers", "1", mock_data=False).check()  # fmt: skip
+    data = [
+        "--data-path",
+        ensure_demo_dataset(str(tmp_path / "data")),
+        "--split",
+        "98,2,0",
+        "--tokenizer-type",
+        "GPTSentencePieceTokenizer",
+        "--tokenizer-model",
+        DEMO_TOKENIZER_MODEL,
+    ]
+    job = pretrain(
+        tmp_path,
+        *data,
+        "--train-iters",
+        "3",
+        "--fp16",
+        "--eval-iters",
+        "0",
+        "--group-query-attention",
+        "--num-query-groups",
+        "2",
+        "--position-embedding-type",
+        "rope",
+        "--swiglu",
+        "--normalization",
+        "RMSNorm",
+        "--untie-embeddings-and-output-weights",
+        "--disable-bias-linear",
+        "--recompute-granularity",
+        "full",
+        "--recompute-method",
+        "uniform",
+        "--recompute-num-layers",
+        "1",
+        mock_data=False,
+    ).check()
     lines = [line for line in job.stdout.splitlines() if "] iteration " in line]
     scales = [float(re.search(r"loss scale: ([\d.]+)", line).group(1)) for line in lines]
     skipped = [int(re.search(r"number of skipped iterations: +(\d+)", line).group(1)) for line in lines]

@@ -169,8 +169,9 @@ def test_pipeline_outputs_are_kept_until_gloo_has_sent_them():
     from megatron.core.model_parallel_config import ModelParallelConfig
 
     assert megatron_npu.applied_patches(), "import megatron_npu applies the patch set"
-    config = ModelParallelConfig(pipeline_model_parallel_size=2, pipeline_dtype=torch.float32,
-                                 deallocate_pipeline_outputs=True)  # fmt: skip
+    config = ModelParallelConfig(
+        pipeline_model_parallel_size=2, pipeline_dtype=torch.float32, deallocate_pipeline_outputs=True
+    )
     assert config.deallocate_pipeline_outputs is False
 
 
@@ -230,4 +231,3 @@ def test_jit_fusions_are_off_in_any_megatron_core_config_where_the_fuser_does_no
     shape = {"num_layers": 1, "hidden_size": 8, "num_attention_heads": 1}
     config = TransformerConfig(**shape, bias_activation_fusion=True, bias_dropout_fusion=True)
     assert (config.bias_activation_fusion, config.bias_dropout_fusion) == (False, False)  # cpu: no jit fusion
-

@@ -41,17 +41,33 @@ TOLERANCE = 0.02
 
 # The script's variables, scaled down: 2 nodes x 2 ranks, TP2 x PP2, a tiny GPT on mock data.
 TWO_NODE_ENV = {
-    "NNODES": "2", "NPROC_PER_NODE": "2", "TP": "2", "PP": "2",
-    "HOSTS": "127.0.0.1,127.0.0.1", "MASTER_ADDR": "127.0.0.1",
-    "NUM_LAYERS": "4", "HIDDEN_SIZE": "64", "NUM_ATTENTION_HEADS": "4", "SEQ_LENGTH": "32",
-    "MICRO_BATCH_SIZE": "2", "GLOBAL_BATCH_SIZE": "8", "TRAIN_ITERS": str(TRAIN_ITERS),
-    "LR": "1e-3", "MIN_LR": "1e-4", "LR_WARMUP_ITERS": "1",
-    "EVAL_INTERVAL": "2", "EVAL_ITERS": "1", "TIMING_LOG_LEVEL": "2",
+    "NNODES": "2",
+    "NPROC_PER_NODE": "2",
+    "TP": "2",
+    "PP": "2",
+    "HOSTS": "127.0.0.1,127.0.0.1",
+    "MASTER_ADDR": "127.0.0.1",
+    "NUM_LAYERS": "4",
+    "HIDDEN_SIZE": "64",
+    "NUM_ATTENTION_HEADS": "4",
+    "SEQ_LENGTH": "32",
+    "MICRO_BATCH_SIZE": "2",
+    "GLOBAL_BATCH_SIZE": "8",
+    "TRAIN_ITERS": str(TRAIN_ITERS),
+    "LR": "1e-3",
+    "MIN_LR": "1e-4",
+    "LR_WARMUP_ITERS": "1",
+    "EVAL_INTERVAL": "2",
+    "EVAL_ITERS": "1",
+    "TIMING_LOG_LEVEL": "2",
     "DTYPE": "fp32",  # no --bf16 on the cpu target
-    "DATA_PATH": "", "TOKENIZER_TYPE": "NullTokenizer", "TOKENIZER_MODEL": "", "CHECKPOINT_SAVE": "",
+    "DATA_PATH": "",
+    "TOKENIZER_TYPE": "NullTokenizer",
+    "TOKENIZER_MODEL": "",
+    "CHECKPOINT_SAVE": "",
     "EXTRA_ARGS": "--mock-data --vocab-size 128 --num-workers 0 --seed 1234",
     "PYTHON": sys.executable,
-}  # fmt: skip
+}
 
 
 # ---- the runs ---------------------------------------------------------------------------------
@@ -63,8 +79,16 @@ def run_script_nodes(log_dir: Path, nnodes: int = 2, timeout: float = TIMEOUT) -
         out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # pipes could fill and stall a node
         logs.append((out, err))
         processes.append(
-            subprocess.Popen(["bash", str(SCRIPT), "--node-rank", str(node)], env=env, cwd=str(ROOT),
-                             stdout=out, stderr=err, stdin=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+            subprocess.Popen(
+                ["bash", str(SCRIPT), "--node-rank", str(node)],
+                env=env,
+                cwd=str(ROOT),
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                start_new_session=True,
+            )
         )
     deadline = time.monotonic() + timeout
     try:
@@ -97,8 +121,18 @@ def two_node(tmp_path_factory) -> tuple[Path, list[tuple[int, str, str]]]:
 @pytest.fixture(scope="module")
 def dp2(tmp_path_factory) -> tuple[Path, object]:
     run_dir = tmp_path_factory.mktemp("dp2")
-    job = pretrain(run_dir, "--tensor-model-parallel-size", "2", "--use-distributed-optimizer",
-                   "--train-iters", str(TRAIN_ITERS), "--timing-log-level", "2", nproc=4, timeout=TIMEOUT)  # fmt: skip
+    job = pretrain(
+        run_dir,
+        "--tensor-model-parallel-size",
+        "2",
+        "--use-distributed-optimizer",
+        "--train-iters",
+        str(TRAIN_ITERS),
+        "--timing-log-level",
+        "2",
+        nproc=4,
+        timeout=TIMEOUT,
+    )
     return run_dir / "logs", job
 
 
@@ -112,24 +146,34 @@ def specs_from_run(args: dict) -> tuple[ModelSpec, ParallelSpec]:
     """The planner's model and parallel settings from LOG_DIR/args.json (the trainer's parsed flags)."""
     dtype = "bf16" if args["bf16"] else "fp16" if args["fp16"] else "fp32"
     model = ModelSpec(
-        num_layers=args["num_layers"], hidden_size=args["hidden_size"],
-        num_attention_heads=args["num_attention_heads"], seq_length=args["seq_length"],
-        micro_batch_size=args["micro_batch_size"], global_batch_size=args["global_batch_size"],
-        vocab_size=args["vocab_size"], ffn_hidden_size=args["ffn_hidden_size"],
+        num_layers=args["num_layers"],
+        hidden_size=args["hidden_size"],
+        num_attention_heads=args["num_attention_heads"],
+        seq_length=args["seq_length"],
+        micro_batch_size=args["micro_batch_size"],
+        global_batch_size=args["global_batch_size"],
+        vocab_size=args["vocab_size"],
+        ffn_hidden_size=args["ffn_hidden_size"],
         num_query_groups=args["num_query_groups"] if args.get("group_query_attention") else None,
-        kv_channels=args["kv_channels"], swiglu=args["swiglu"],
+        kv_channels=args["kv_channels"],
+        swiglu=args["swiglu"],
         untie_embeddings_and_output_weights=args["untie_embeddings_and_output_weights"],
-        add_bias_linear=args["add_bias_linear"], normalization=args["normalization"],
+        add_bias_linear=args["add_bias_linear"],
+        normalization=args["normalization"],
         position_embedding_type=args["position_embedding_type"],
         max_position_embeddings=args["max_position_embeddings"],
-        make_vocab_size_divisible_by=args["make_vocab_size_divisible_by"], params_dtype=dtype,
+        make_vocab_size_divisible_by=args["make_vocab_size_divisible_by"],
+        params_dtype=dtype,
         grad_reduce_in_fp32=bool(args["accumulate_allreduce_grads_in_fp32"] or args["bf16"]),  # the trainer's DDP rule
-    )  # fmt: skip
+    )
     parallel = ParallelSpec(
-        sequence_parallel=args["sequence_parallel"], use_distributed_optimizer=args["use_distributed_optimizer"],
-        overlap_grad_reduce=args["overlap_grad_reduce"], bucket_size=args.get("ddp_bucket_size"),
-        clip_grad=args["clip_grad"], recompute_full=args.get("recompute_granularity") == "full",
-    )  # fmt: skip
+        sequence_parallel=args["sequence_parallel"],
+        use_distributed_optimizer=args["use_distributed_optimizer"],
+        overlap_grad_reduce=args["overlap_grad_reduce"],
+        bucket_size=args.get("ddp_bucket_size"),
+        clip_grad=args["clip_grad"],
+        recompute_full=args.get("recompute_granularity") == "full",
+    )
     return model, parallel
 
 
@@ -150,7 +194,9 @@ def last_iteration_comm(log_dir: Path, world: int) -> dict[int, dict[str, dict]]
     return out
 
 
-Row = tuple[int, str, int, int, int, int, float]  # rank, group, planned/measured calls, planned/measured bytes, rel diff
+Row = tuple[
+    int, str, int, int, int, int, float
+]  # rank, group, planned/measured calls, planned/measured bytes, rel diff
 
 
 def compare(planned: CommPlan, measured: dict[int, dict[str, dict]]) -> list[Row]:
@@ -167,8 +213,12 @@ def compare(planned: CommPlan, measured: dict[int, dict[str, dict]]) -> list[Row
 
 
 def report(title: str, planned: CommPlan, rows: list[Row]) -> str:
-    lines = [f"==== {title}", planned.table(), "planner vs measured (last train iteration):",
-             f"  {'rank':>4} {'group':8} {'calls plan':>10} {'calls meas':>10} {'bytes plan':>10} {'bytes meas':>10} {'rel diff':>9}"]  # fmt: skip
+    lines = [
+        f"==== {title}",
+        planned.table(),
+        "planner vs measured (last train iteration):",
+        f"  {'rank':>4} {'group':8} {'calls plan':>10} {'calls meas':>10} {'bytes plan':>10} {'bytes meas':>10} {'rel diff':>9}",
+    ]
     lines += [f"  {r:4d} {g:8} {pc:10d} {mc:10d} {pb:10d} {mb:10d} {d:9.2%}" for r, g, pc, mc, pb, mb, d in rows]
     return "\n".join(lines)
 
@@ -210,7 +260,12 @@ def test_two_node_script_run_trains_and_places_ranks(two_node):
     for r in built["ranks"]:
         e = expected.ranks[r["rank"]]
         assert (e.local_rank, e.tp_rank, e.pp_rank, e.dp_rank, e.cp_rank) == (
-            r["local_rank"], r["tp_rank"], r["pp_rank"], r["dp_rank"], r["cp_rank"])  # fmt: skip
+            r["local_rank"],
+            r["tp_rank"],
+            r["pp_rank"],
+            r["dp_rank"],
+            r["cp_rank"],
+        )
 
 
 def test_planner_matches_two_node_tp2_pp2_bytes(two_node):

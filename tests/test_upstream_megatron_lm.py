@@ -36,8 +36,16 @@ pytestmark = pytest.mark.skipif(
 # tests/pretrain_runs.py's tiny GPT (4 layers: one per virtual stage under PP2 x VPP2; 8 samples per
 # step = 4 micro-batches under DP1), no dropout so layouts compare exactly, no evaluation (argparse:
 # the later --eval-interval wins, in Megatron-LM's parser as in ours).
-MODEL = [*PROJECT_MODEL, "--eval-interval", "1000", *NO_DROPOUT, *MOCK_DATA, "--train-iters", "6",
-         "--use-distributed-optimizer"]  # fmt: skip
+MODEL = [
+    *PROJECT_MODEL,
+    "--eval-interval",
+    "1000",
+    *NO_DROPOUT,
+    *MOCK_DATA,
+    "--train-iters",
+    "6",
+    "--use-distributed-optimizer",
+]
 SAVE_AT = 3
 LOSS_LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.Ee+-]+)")
 RESUMED = (4, 5, 6)
@@ -63,8 +71,16 @@ def env_for(checkout: Path) -> dict[str, str]:
 
 def upstream(checkout: Path, *flags: str, nproc: int, cwd: Path | None = None, script: str = "pretrain_gpt.py") -> Job:
     """``torchrun --nproc_per_node N -m megatron_npu.run SCRIPT FLAGS`` as a user types it."""
-    return torchrun("megatron_npu.run", str(checkout / script), *flags, nproc=nproc, env=env_for(checkout),
-                    torchrun_args=("--module",), cwd=cwd, timeout=300)  # fmt: skip
+    return torchrun(
+        "megatron_npu.run",
+        str(checkout / script),
+        *flags,
+        nproc=nproc,
+        env=env_for(checkout),
+        torchrun_args=("--module",),
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def losses(job: Job) -> dict[int, float]:
@@ -88,21 +104,33 @@ def checkpoint_at(source: Path, iteration: int, destination: Path) -> Path:
 def assert_close(actual: dict[int, float], expected: dict[int, float], iterations: tuple[int, ...], rel: float) -> None:
     for iteration in iterations:
         assert abs(actual[iteration] - expected[iteration]) <= rel * abs(expected[iteration]), (
-            iteration, actual[iteration], expected[iteration])  # fmt: skip
+            iteration,
+            actual[iteration],
+            expected[iteration],
+        )
 
 
 @pytest.fixture(scope="session")
 def tp1(megatron_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, float], Path]:
     """The reference: TP1, 6 iterations, a checkpoint every 3 that any layout can load."""
     save = tmp_path_factory.mktemp("tp1") / "ckpt"
-    job = upstream(megatron_lm, *MODEL, "--save", str(save), "--save-interval", str(SAVE_AT),
-                   "--dist-ckpt-optim-fully-reshardable", nproc=1).check()  # fmt: skip
+    job = upstream(
+        megatron_lm,
+        *MODEL,
+        "--save",
+        str(save),
+        "--save-interval",
+        str(SAVE_AT),
+        "--dist-ckpt-optim-fully-reshardable",
+        nproc=1,
+    ).check()
     UPSTREAM_NORMS["tp1"] = grad_norms(job)
     return losses(job), save
 
 
-def resumed_under(megatron_lm: Path, tp1: tuple[dict[int, float], Path], where: Path, *layout: str, nproc: int,
-                  save: bool = False) -> Job:  # fmt: skip
+def resumed_under(
+    megatron_lm: Path, tp1: tuple[dict[int, float], Path], where: Path, *layout: str, nproc: int, save: bool = False
+) -> Job:
     load = checkpoint_at(tp1[1], SAVE_AT, where / "ckpt")
     extra = ("--save", str(load), "--save-interval", "3", "--dist-ckpt-optim-fully-reshardable") if save else ()
     return upstream(megatron_lm, *MODEL, "--load", str(load), *extra, *layout, nproc=nproc).check()
@@ -127,7 +155,10 @@ def test_resume_is_bit_exact(tp1, tp1_resumed, tmp_path):
     assert sorted(resumed) == list(RESUMED)
     # Bit-exact: every tensor of the iteration-6 checkpoint (model, optimizer state, fp32 main
     # params) equals the uninterrupted run's. The files themselves differ (write order, args).
-    mine, theirs = _tensors(resumed_save / "iter_0000006", tmp_path / "r.pt"), _tensors(save / "iter_0000006", tmp_path / "u.pt")
+    mine, theirs = (
+        _tensors(resumed_save / "iter_0000006", tmp_path / "r.pt"),
+        _tensors(save / "iter_0000006", tmp_path / "u.pt"),
+    )
     assert mine.keys() == theirs.keys() and len(mine) > 16
     assert [k for k in mine if not torch.equal(mine[k], theirs[k])] == []
     # The printed losses agree, but for one quirk of Megatron-LM's training_log: a process's second
@@ -177,16 +208,30 @@ def test_another_megatron_lm_version_is_one_error_naming_both(megatron_lm, tmp_p
     for name in ("pretrain_gpt.py", "gpt_builders.py", "model_provider.py"):  # copies: python resolves a
         shutil.copy(megatron_lm / name, other / name)  # symlinked script's directory to the link's target
     (other / "megatron" / "core" / "package_info.py").write_text("MAJOR = 0\nMINOR = 15\nPATCH = 2\nPRE_RELEASE = ''\n")
-    job = run([sys.executable, "-m", "megatron_npu.run", str(other / "pretrain_gpt.py"), *MODEL], env=env_for(other),
-              timeout=120)  # fmt: skip
+    job = run(
+        [sys.executable, "-m", "megatron_npu.run", str(other / "pretrain_gpt.py"), *MODEL],
+        env=env_for(other),
+        timeout=120,
+    )
     assert job.returncode == 2, job.stderr[-3000:]
     assert "Megatron-LM 0.15.2" in job.stderr and "core_v0.16.1" in job.stderr
     assert "Traceback" not in job.stderr
 
 
 def test_device_impossible_flag_is_one_line_before_any_process_group(megatron_lm):
-    job = run([sys.executable, "-m", "megatron_npu.run", str(megatron_lm / "pretrain_gpt.py"), *MODEL,
-               "--fp8-format", "hybrid"], env=env_for(megatron_lm), timeout=120)  # fmt: skip
+    job = run(
+        [
+            sys.executable,
+            "-m",
+            "megatron_npu.run",
+            str(megatron_lm / "pretrain_gpt.py"),
+            *MODEL,
+            "--fp8-format",
+            "hybrid",
+        ],
+        env=env_for(megatron_lm),
+        timeout=120,
+    )
     assert job.returncode == 2
     assert "--fp8-format hybrid is not supported" in job.stderr or "--fp8-format is not supported" in job.stderr
     assert "Traceback" not in job.stderr
@@ -199,8 +244,9 @@ def test_missing_script_is_one_line():
 
 def test_this_projects_pretrain_gpt_trains_the_same_model_from_the_same_seed(tp1, tmp_path):
     reference, _ = tp1
-    job = torchrun(ROOT / "pretrain_gpt.py", *MODEL, "--log-dir", str(tmp_path / "logs"), nproc=1,
-                   env=base_env(), timeout=300).check()  # fmt: skip
+    job = torchrun(
+        ROOT / "pretrain_gpt.py", *MODEL, "--log-dir", str(tmp_path / "logs"), nproc=1, env=base_env(), timeout=300
+    ).check()
     own = losses(job)
     assert sorted(own) == sorted(reference)
     # The same gradients every iteration (the printed norm), and the same losses, but for upstream's

@@ -48,6 +48,7 @@ def history(save_dir: Path) -> list[dict]:
         record = wandb_internal_pb2.Record()
         record.ParseFromString(data)
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})  # fmt: skip
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     return rows

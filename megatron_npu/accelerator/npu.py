@@ -147,16 +147,28 @@ class NpuAccelerator(Accelerator):
         return self._torch_npu.npu_rotary_mul(t, cos, sin)  # mode='half': half-split, as megatron's bshd
 
     def _fused_flash_attention(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, softmax_scale: float,
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        softmax_scale: float,
         dropout_p: float = 0.0,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         sq, batch, heads, _ = query.shape
         # SBH layout, GQA by head counts; True in atten_mask = masked (the upper triangle).
         mask = torch.triu(torch.ones(sq, key.shape[0], dtype=torch.bool, device=query.device), diagonal=1)
         return self._torch_npu.npu_fusion_attention(
-            query.reshape(sq, batch, -1), key.reshape(key.shape[0], batch, -1), value.reshape(value.shape[0], batch, -1),
-            heads, "SBH", atten_mask=mask, scale=softmax_scale, keep_prob=1.0 - dropout_p, next_tockens=0,
-        )[0]  # fmt: skip
+            query.reshape(sq, batch, -1),
+            key.reshape(key.shape[0], batch, -1),
+            value.reshape(value.shape[0], batch, -1),
+            heads,
+            "SBH",
+            atten_mask=mask,
+            scale=softmax_scale,
+            keep_prob=1.0 - dropout_p,
+            next_tockens=0,
+        )[0]
 
     def profiler_activities(self) -> list:
         activity = self._torch_npu.profiler.ProfilerActivity

@@ -19,7 +19,19 @@ def ensure_demo_dataset(output_dir: str) -> str:
     idx = prefix + "_text_document.idx"
     src = max(os.path.getmtime(DEMO_CORPUS), os.path.getmtime(DEMO_TOKENIZER_MODEL))
     if not (os.path.exists(idx) and os.path.getmtime(idx) >= src):
-        run(parse_args(["--input", DEMO_CORPUS, "--output-prefix", prefix, "--append-eod",
-                        "--tokenizer-type", "GPTSentencePieceTokenizer",
-                        "--tokenizer-model", DEMO_TOKENIZER_MODEL]))
+        run(
+            parse_args(
+                [
+                    "--input",
+                    DEMO_CORPUS,
+                    "--output-prefix",
+                    prefix,
+                    "--append-eod",
+                    "--tokenizer-type",
+                    "GPTSentencePieceTokenizer",
+                    "--tokenizer-model",
+                    DEMO_TOKENIZER_MODEL,
+                ]
+            )
+        )
     return prefix + "_text_document"

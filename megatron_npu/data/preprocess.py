@@ -30,8 +30,9 @@ def _open(path: str):
 
 
 def _tok_args(a: Any) -> dict[str, Any]:
-    return dict(tokenizer_model=a.tokenizer_model, vocab_file=a.vocab_file,
-                merge_file=a.merge_file, vocab_size=a.vocab_size)
+    return dict(
+        tokenizer_model=a.tokenizer_model, vocab_file=a.vocab_file, merge_file=a.merge_file, vocab_size=a.vocab_size
+    )
 
 
 def _init(a: Any) -> None:
@@ -109,8 +110,7 @@ def _encode(batch: list[tuple[int, bytes]]) -> tuple[list[tuple[int, Any, int]],
                 pieces[k].append(eod)
             lengths[k] = len(v) + int(with_eod)
         out.append((lineno, lengths, n))
-    blobs = {k: np.concatenate(v).astype(dtype, copy=False) if v else np.empty(0, dtype)
-             for k, v in pieces.items()}
+    blobs = {k: np.concatenate(v).astype(dtype, copy=False) if v else np.empty(0, dtype) for k, v in pieces.items()}
     return out, blobs
 
 
@@ -130,10 +130,12 @@ def _check_split_sentences() -> None:
     try:
         import nltk  # noqa: F401
     except ImportError:
-        raise TokenizerError("--split-sentences needs NLTK, which is not installed "
-                             "(pip install nltk); or drop --split-sentences") from None
-    raise TokenizerError("--split-sentences is not supported by megatron-npu yet; "
-                         "drop it (GPT pretraining uses whole documents)")
+        raise TokenizerError(
+            "--split-sentences needs NLTK, which is not installed (pip install nltk); or drop --split-sentences"
+        ) from None
+    raise TokenizerError(
+        "--split-sentences is not supported by megatron-npu yet; drop it (GPT pretraining uses whole documents)"
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -151,8 +153,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--log-interval", type=int, default=10000)
     p.add_argument("--keep-newlines", action="store_true")
-    p.add_argument("--split-sentences", action="store_true",
-                   help="Megatron-LM's NLTK sentence splitting (needs nltk; not supported yet)")
+    p.add_argument(
+        "--split-sentences",
+        action="store_true",
+        help="Megatron-LM's NLTK sentence splitting (needs nltk; not supported yet)",
+    )
     p.add_argument("--strict", action="store_true")
     return p.parse_args(argv)
 
@@ -198,13 +203,16 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 for k, length in val.items():
                     start = offset[k]
                     offset[k] = start + length
-                    builders[k].add_document(blobs[k][start:start + length], [length] if length else [])
+                    builders[k].add_document(blobs[k][start : start + length], [length] if length else [])
                     toks += length
             if docs >= next_log:
                 next_log += a.log_interval
                 dt = max(time.time() - t0, 1e-9)
-                print(f"processed {docs} docs ({docs/dt:.0f} docs/s, {toks/dt:.0f} tokens/s, "
-                      f"{nbytes/dt/1e6:.2f} MB/s)", file=sys.stderr)
+                print(
+                    f"processed {docs} docs ({docs / dt:.0f} docs/s, {toks / dt:.0f} tokens/s, "
+                    f"{nbytes / dt / 1e6:.2f} MB/s)",
+                    file=sys.stderr,
+                )
     except BaseException:
         if pool is not None:
             pool.terminate()  # a failed run must not leave workers behind

@@ -312,9 +312,11 @@ def build_tokenizer(
         tok: _Base = NullTokenizer(vocab_size)
     elif t in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"):
         path = _need_file(tokenizer_model, "--tokenizer-model", t)
-        cls = {"SentencePieceTokenizer": SentencePieceTokenizer,
-               "GPTSentencePieceTokenizer": GPTSentencePieceTokenizer,
-               "Llama2Tokenizer": Llama2Tokenizer}[t]
+        cls = {
+            "SentencePieceTokenizer": SentencePieceTokenizer,
+            "GPTSentencePieceTokenizer": GPTSentencePieceTokenizer,
+            "Llama2Tokenizer": Llama2Tokenizer,
+        }[t]
         try:
             tok = cls(path)
         except TokenizerError:

@@ -59,17 +59,29 @@ class ModelShape:
         """Apply Megatron-LM's defaults; ``num_query_groups`` None means no grouped-query attention."""
         if kv_channels is None:
             if hidden_size % num_attention_heads != 0:
-                raise LayoutError(f"--hidden-size {hidden_size} is not divisible by --num-attention-heads "
-                                  f"{num_attention_heads}; change one, or set --kv-channels")  # fmt: skip
+                raise LayoutError(
+                    f"--hidden-size {hidden_size} is not divisible by --num-attention-heads "
+                    f"{num_attention_heads}; change one, or set --kv-channels"
+                )
             kv_channels = hidden_size // num_attention_heads
         if num_query_groups is None:
             num_query_groups = num_attention_heads
         elif num_query_groups <= 0 or num_attention_heads % num_query_groups != 0:
-            raise LayoutError(f"--num-attention-heads {num_attention_heads} is not divisible by "
-                              f"--num-query-groups {num_query_groups}")  # fmt: skip
+            raise LayoutError(
+                f"--num-attention-heads {num_attention_heads} is not divisible by --num-query-groups {num_query_groups}"
+            )
         ffn = ffn_hidden_size if ffn_hidden_size is not None else default_ffn_hidden_size(hidden_size, swiglu)
-        return cls(num_layers, hidden_size, num_attention_heads, num_query_groups, kv_channels, ffn, swiglu,
-                   vocab_size, make_vocab_size_divisible_by)  # fmt: skip
+        return cls(
+            num_layers,
+            hidden_size,
+            num_attention_heads,
+            num_query_groups,
+            kv_channels,
+            ffn,
+            swiglu,
+            vocab_size,
+            make_vocab_size_divisible_by,
+        )
 
     @classmethod
     def from_args(cls, args: Any) -> ModelShape:
@@ -78,12 +90,16 @@ class ModelShape:
         gqa = arg_value(args, "group_query_attention")
         groups = arg_value(args, "num_query_groups") if gqa is None or gqa else None
         return cls.build(
-            int(arg_value(args, "num_layers")), int(arg_value(args, "hidden_size")), int(arg_value(args, "num_attention_heads")),
-            ffn_hidden_size=arg_value(args, "ffn_hidden_size"), kv_channels=arg_value(args, "kv_channels"),
-            num_query_groups=groups, swiglu=bool(arg_value(args, "swiglu", False)),
+            int(arg_value(args, "num_layers")),
+            int(arg_value(args, "hidden_size")),
+            int(arg_value(args, "num_attention_heads")),
+            ffn_hidden_size=arg_value(args, "ffn_hidden_size"),
+            kv_channels=arg_value(args, "kv_channels"),
+            num_query_groups=groups,
+            swiglu=bool(arg_value(args, "swiglu", False)),
             vocab_size=arg_value(args, "vocab_size"),
             make_vocab_size_divisible_by=int(arg_value(args, "make_vocab_size_divisible_by", 128)),
-        )  # fmt: skip
+        )
 
     @property
     def fc1_out(self) -> int:
@@ -100,7 +116,9 @@ class ModelShape:
         if self.num_attention_heads % tp != 0:
             raise LayoutError(f"--num-attention-heads {self.num_attention_heads} is not divisible by {tp_flag} {tp}")
         if self.num_query_groups % tp != 0:
-            raise LayoutError(f"--num-query-groups {self.num_query_groups} is not divisible by {tp_flag} {tp}; "
-                              "use a TP size that divides the query groups")  # fmt: skip
+            raise LayoutError(
+                f"--num-query-groups {self.num_query_groups} is not divisible by {tp_flag} {tp}; "
+                "use a TP size that divides the query groups"
+            )
         if self.ffn_hidden_size % tp != 0:
             raise LayoutError(f"--ffn-hidden-size {self.ffn_hidden_size} is not divisible by {tp_flag} {tp}")

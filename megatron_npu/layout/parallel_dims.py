@@ -37,8 +37,11 @@ class LayoutFlags:
 
 LAUNCH_FLAGS = LayoutFlags()
 TRAINER_FLAGS = LayoutFlags(
-    tp="--tensor-model-parallel-size", pp="--pipeline-model-parallel-size", cp="--context-parallel-size",
-    ep="--expert-model-parallel-size", vpp="--num-virtual-stages-per-pipeline-rank",
+    tp="--tensor-model-parallel-size",
+    pp="--pipeline-model-parallel-size",
+    cp="--context-parallel-size",
+    ep="--expert-model-parallel-size",
+    vpp="--num-virtual-stages-per-pipeline-rank",
 )
 
 
@@ -95,8 +98,9 @@ class ParallelDims:
         """A torchrun launch: world size from nnodes x nproc_per_node, or one node holding every rank."""
         if nnodes is not None and nproc_per_node is not None:
             if world_size is not None and world_size != nnodes * nproc_per_node:
-                raise LayoutError(f"world_size {world_size} != {flags.nnodes} {nnodes} x {flags.nproc_per_node} "
-                                  f"{nproc_per_node}")  # fmt: skip
+                raise LayoutError(
+                    f"world_size {world_size} != {flags.nnodes} {nnodes} x {flags.nproc_per_node} {nproc_per_node}"
+                )
             if nnodes < 1 or nproc_per_node < 1:
                 raise LayoutError(f"{flags.nnodes} and {flags.nproc_per_node} must be >= 1")
             world = nnodes * nproc_per_node
@@ -110,22 +114,28 @@ class ParallelDims:
     def from_args(cls, args: Any, world_size: int, flags: LayoutFlags = TRAINER_FLAGS) -> ParallelDims:
         """pretrain_gpt.py's flags (a Namespace, or args.json as a dict): virtual stages come from
         --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank."""
-        tp, pp, cp = (int(arg_value(args, k, 1)) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                                         "context_parallel_size"))  # fmt: skip
+        tp, pp, cp = (
+            int(arg_value(args, k, 1))
+            for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
+        )
         num_layers = arg_value(args, "num_layers")
         per_vstage = arg_value(args, "num_layers_per_virtual_pipeline_stage")
         vstages = arg_value(args, "num_virtual_stages_per_pipeline_rank")
         vpp = arg_value(args, "virtual_pipeline_model_parallel_size")  # args.json: already derived
         if per_vstage is not None and vstages is not None:
-            raise LayoutError("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank "
-                              "are mutually exclusive; give one")  # fmt: skip
+            raise LayoutError(
+                "--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank "
+                "are mutually exclusive; give one"
+            )
         if per_vstage is not None:
             flags = replace(flags, vpp="--num-layers-per-virtual-pipeline-stage")
             if num_layers is not None and pp > 0 and num_layers % pp == 0:
                 per_stage = num_layers // pp
                 if per_vstage <= 0 or per_stage % per_vstage != 0:
-                    raise LayoutError(f"layers per pipeline stage ({num_layers} / {pp} = {per_stage}) is not divisible "
-                                      f"by --num-layers-per-virtual-pipeline-stage {per_vstage}")  # fmt: skip
+                    raise LayoutError(
+                        f"layers per pipeline stage ({num_layers} / {pp} = {per_stage}) is not divisible "
+                        f"by --num-layers-per-virtual-pipeline-stage {per_vstage}"
+                    )
                 vpp = per_stage // per_vstage
         elif vstages is not None:
             vpp = vstages
@@ -143,12 +153,16 @@ class ParallelDims:
                 raise LayoutError(f"{flag} must be >= 1, got {value}")
         nproc, devices = self.nproc_per_node, self.devices_per_node
         if devices is not None and nproc is not None and nproc > devices:
-            raise LayoutError(f"the launcher starts {nproc} processes per node but a node has {devices} devices "
-                              f"({f.devices_per_node})")  # fmt: skip
+            raise LayoutError(
+                f"the launcher starts {nproc} processes per node but a node has {devices} devices "
+                f"({f.devices_per_node})"
+            )
         # TP communicates every layer: its group (contiguous ranks) must stay on one node's fast links
         if devices is not None and (self.tp > devices or devices % self.tp):
-            raise LayoutError(f"TP={self.tp} does not fit in a node of {devices} devices: TP communicates every "
-                              f"layer and must stay on a node's HCCS links ({f.tp})")  # fmt: skip
+            raise LayoutError(
+                f"TP={self.tp} does not fit in a node of {devices} devices: TP communicates every "
+                f"layer and must stay on a node's HCCS links ({f.tp})"
+            )
         model = self.tp * self.pp * self.cp
         if nproc is not None and (self.tp > nproc or nproc % self.tp):
             rest = self.pp * self.cp
@@ -181,8 +195,10 @@ class ParallelDims:
             raise LayoutError(f"{f.num_layers} {num_layers} is not divisible by {f.pp} {self.pp}")
         per_stage = num_layers // self.pp
         if self.vpp is not None and per_stage % self.vpp:
-            raise LayoutError(f"layers per pipeline stage ({num_layers} / {self.pp} = {per_stage}) is not divisible "
-                              f"by {f.vpp} {self.vpp}")  # fmt: skip
+            raise LayoutError(
+                f"layers per pipeline stage ({num_layers} / {self.pp} = {per_stage}) is not divisible "
+                f"by {f.vpp} {self.vpp}"
+            )
 
     def check_seq_length(self, seq_length: int, sequence_parallel: bool) -> None:
         """CP splits the sequence; sequence parallelism splits it again over TP."""

@@ -86,19 +86,32 @@ class ModelSpec:
     @classmethod
     def from_shape(cls, shape: ModelShape, **training: object) -> ModelSpec:
         """The shape's resolved sizes plus the batch, dtype and architecture fields."""
-        return cls(num_layers=shape.num_layers, hidden_size=shape.hidden_size,
-                   num_attention_heads=shape.num_attention_heads, vocab_size=shape.vocab_size,
-                   ffn_hidden_size=shape.ffn_hidden_size, num_query_groups=shape.num_query_groups,
-                   kv_channels=shape.kv_channels, swiglu=shape.swiglu,
-                   make_vocab_size_divisible_by=shape.make_vocab_size_divisible_by, **training)  # type: ignore[arg-type]  # fmt: skip
+        return cls(
+            num_layers=shape.num_layers,
+            hidden_size=shape.hidden_size,
+            num_attention_heads=shape.num_attention_heads,
+            vocab_size=shape.vocab_size,
+            ffn_hidden_size=shape.ffn_hidden_size,
+            num_query_groups=shape.num_query_groups,
+            kv_channels=shape.kv_channels,
+            swiglu=shape.swiglu,
+            make_vocab_size_divisible_by=shape.make_vocab_size_divisible_by,
+            **training,
+        )  # type: ignore[arg-type]
 
     @property
     def shape(self) -> ModelShape:
         """Megatron-LM's defaults applied: the same object the trainer's validation uses."""
         return ModelShape.build(
-            self.num_layers, self.hidden_size, self.num_attention_heads, ffn_hidden_size=self.ffn_hidden_size,
-            kv_channels=self.kv_channels, num_query_groups=self.num_query_groups, swiglu=self.swiglu,
-            vocab_size=self.vocab_size, make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
+            self.num_layers,
+            self.hidden_size,
+            self.num_attention_heads,
+            ffn_hidden_size=self.ffn_hidden_size,
+            kv_channels=self.kv_channels,
+            num_query_groups=self.num_query_groups,
+            swiglu=self.swiglu,
+            vocab_size=self.vocab_size,
+            make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
         )
 
     @property
@@ -197,7 +210,9 @@ class CommPlan:
         """One rank per distinct traffic pattern (ranks of a TP group match, and so on)."""
         seen: dict[str, RankPlan] = {}
         for rp in self.ranks:
-            key = json.dumps({k: [v["calls"], v["bytes"], v["wire_inter"] > 0] for k, v in sorted(rp.by_label().items())})
+            key = json.dumps(
+                {k: [v["calls"], v["bytes"], v["wire_inter"] > 0] for k, v in sorted(rp.by_label().items())}
+            )
             seen.setdefault(key, rp)
         return list(seen.values())
 
@@ -205,7 +220,8 @@ class CommPlan:
         lay = self.layout
         mb = self.model.global_batch_size // (self.model.micro_batch_size * lay.dp)
         out = [
-            f"TP={lay.tp} PP={lay.pp} CP={lay.cp} DP={lay.dp}" + (f" VPP={lay.vpp}" if lay.vpp else "")
+            f"TP={lay.tp} PP={lay.pp} CP={lay.cp} DP={lay.dp}"
+            + (f" VPP={lay.vpp}" if lay.vpp else "")
             + f" on {lay.nnodes}x{lay.nproc_per_node}; {mb} microbatches/iteration; "
             f"SP={'on' if self.parallel.sequence_parallel else 'off'}, "
             f"distributed optimizer={'on' if self.parallel.use_distributed_optimizer else 'off'}; "
@@ -236,7 +252,10 @@ class CommPlan:
                 "bytes": "payload bytes of the tensors passed to torch.distributed collective/p2p calls on this rank",
                 "wire": "ring-algorithm bytes sent by this rank",
             },
-            "layout": {k: getattr(self.layout, k) for k in ("world_size", "nnodes", "nproc_per_node", "tp", "pp", "cp", "dp", "vpp")},
+            "layout": {
+                k: getattr(self.layout, k)
+                for k in ("world_size", "nnodes", "nproc_per_node", "tp", "pp", "cp", "dp", "vpp")
+            },
             "model": asdict(self.model),
             "parallel": asdict(self.parallel),
             "assumed_gbps": {"intra": self.intra_gbps, "inter": self.inter_gbps},
@@ -292,7 +311,9 @@ def _sp_marked(name: str) -> bool:
     return "layernorm" in name or name.endswith(("linear_proj.bias", "linear_fc2.bias"))
 
 
-def _buckets(params: list[tuple[str, int]], dp: int, dist_opt: bool, bucket_size: int | None, shared: set[str]) -> list[int]:
+def _buckets(
+    params: list[tuple[str, int]], dp: int, dist_opt: bool, bucket_size: int | None, shared: set[str]
+) -> list[int]:
     """Padded bucket sizes (elements): megatron-core _ParamAndGradBuffer's rules."""
 
     def pad(n: int, d: int) -> int:
@@ -371,10 +392,28 @@ def plan(
         # tensor parallel, per microbatch
         if tp > 1:
             if sp:
-                add("tp", "all_gather", "layers: qkv/fc1 fwd + bwd recompute, proj/fc2 bwd", 6 * layers_here * mbs, act_sp, tpg, tp_inter)
-                add("tp", "reduce_scatter", "layers: proj/fc2 fwd, qkv/fc1 dgrad", 4 * layers_here * mbs, act, tpg, tp_inter)
+                add(
+                    "tp",
+                    "all_gather",
+                    "layers: qkv/fc1 fwd + bwd recompute, proj/fc2 bwd",
+                    6 * layers_here * mbs,
+                    act_sp,
+                    tpg,
+                    tp_inter,
+                )
+                add(
+                    "tp",
+                    "reduce_scatter",
+                    "layers: proj/fc2 fwd, qkv/fc1 dgrad",
+                    4 * layers_here * mbs,
+                    act,
+                    tpg,
+                    tp_inter,
+                )
             else:
-                add("tp", "all_reduce", "layers: proj/fc2 fwd, qkv/fc1 dgrad", 4 * layers_here * mbs, act, tpg, tp_inter)
+                add(
+                    "tp", "all_reduce", "layers: proj/fc2 fwd, qkv/fc1 dgrad", 4 * layers_here * mbs, act, tpg, tp_inter
+                )
             if par.recompute_full:  # not checked against a run
                 if sp:
                     add("tp", "all_gather", "recomputed layer fwd", 2 * layers_here * mbs, act_sp, tpg, tp_inter)
@@ -427,8 +466,15 @@ def plan(
                     add("dp_cp", "all_reduce", "grad buffer", 1, b * gb, dpg, dp_inter)
         if model.tied and pp > 1 and (first or last):
             eg = [ppg[0], ppg[-1]]
-            add("embd", "all_reduce", "tied embedding grad", 1, model.padded_vocab(tp) // tp * model.hidden_size * gb, eg,
-                layout.spans_nodes(eg))  # fmt: skip
+            add(
+                "embd",
+                "all_reduce",
+                "tied embedding grad",
+                1,
+                model.padded_vocab(tp) // tp * model.hidden_size * gb,
+                eg,
+                layout.spans_nodes(eg),
+            )
         if par.clip_grad > 0:
             if par.use_distributed_optimizer:
                 # megatron's intra-distributed-optimizer-instance group: every rank, its own group object
@@ -442,14 +488,23 @@ def plan(
             add("dp_cp", "all_reduce", "token count (per-token loss)", 1, 4, dpg, dp_inter)
         if par.loss_allreduce and last:
             dg = group("dp", e.rank)
-            add("dp", "all_reduce", "loss report (trainer: 'lm loss' as [sum, count])", 1, 8, dg, layout.spans_nodes(dg))
+            add(
+                "dp", "all_reduce", "loss report (trainer: 'lm loss' as [sum, count])", 1, 8, dg, layout.spans_nodes(dg)
+            )
         out.append(rp)
     return CommPlan(layout, model, par, out, intra_gbps, inter_gbps)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    for name, default in (("num-layers", 40), ("hidden-size", 5120), ("num-attention-heads", 40), ("seq-length", 4096),
-                          ("micro-batch-size", 1), ("global-batch-size", 64), ("vocab-size", 50257)):  # fmt: skip
+    for name, default in (
+        ("num-layers", 40),
+        ("hidden-size", 5120),
+        ("num-attention-heads", 40),
+        ("seq-length", 4096),
+        ("micro-batch-size", 1),
+        ("global-batch-size", 64),
+        ("vocab-size", 50257),
+    ):
         p.add_argument(f"--{name}", type=int, default=default)
     for name in ("ffn-hidden-size", "num-query-groups", "kv-channels", "max-position-embeddings"):
         p.add_argument(f"--{name}", type=int, default=None)
@@ -460,31 +515,45 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
     p.add_argument("--position-embedding-type", choices=("learned_absolute", "rope"), default="learned_absolute")
     p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bf16", help="params dtype (--bf16/--fp16)")
-    p.add_argument("--grad-reduce-in-bf16", action="store_true", help="reduce grads in the param dtype (default fp32 for bf16)")
+    p.add_argument(
+        "--grad-reduce-in-bf16", action="store_true", help="reduce grads in the param dtype (default fp32 for bf16)"
+    )
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--use-distributed-optimizer", action="store_true")
     p.add_argument("--overlap-grad-reduce", action="store_true")
     p.add_argument("--clip-grad", type=float, default=1.0)
     p.add_argument("--calculate-per-token-loss", action="store_true")
-    p.add_argument("--recompute-granularity", choices=("full", "selective"), default=None,
-                   help="full repeats each layer's forward TP traffic (all layers assumed); selective adds none")
+    p.add_argument(
+        "--recompute-granularity",
+        choices=("full", "selective"),
+        default=None,
+        help="full repeats each layer's forward TP traffic (all layers assumed); selective adds none",
+    )
 
 
 def specs_from_args(a: argparse.Namespace) -> tuple[ModelSpec, ParallelSpec]:
     # one ModelShape: the ffn default follows --swiglu as the trainer's does
     model = ModelSpec.from_shape(
-        ModelShape.from_args(a), seq_length=a.seq_length, micro_batch_size=a.micro_batch_size,
+        ModelShape.from_args(a),
+        seq_length=a.seq_length,
+        micro_batch_size=a.micro_batch_size,
         global_batch_size=a.global_batch_size,
         untie_embeddings_and_output_weights=a.untie_embeddings_and_output_weights,
-        add_bias_linear=not a.disable_bias_linear, normalization=a.normalization,
-        position_embedding_type=a.position_embedding_type, max_position_embeddings=a.max_position_embeddings,
-        params_dtype=a.dtype, grad_reduce_in_fp32=False if a.grad_reduce_in_bf16 else None,
-    )  # fmt: skip
+        add_bias_linear=not a.disable_bias_linear,
+        normalization=a.normalization,
+        position_embedding_type=a.position_embedding_type,
+        max_position_embeddings=a.max_position_embeddings,
+        params_dtype=a.dtype,
+        grad_reduce_in_fp32=False if a.grad_reduce_in_bf16 else None,
+    )
     par = ParallelSpec(
-        sequence_parallel=a.sequence_parallel, use_distributed_optimizer=a.use_distributed_optimizer,
-        overlap_grad_reduce=a.overlap_grad_reduce, clip_grad=a.clip_grad,
-        recompute_full=a.recompute_granularity == "full", per_token_loss=a.calculate_per_token_loss,
-    )  # fmt: skip
+        sequence_parallel=a.sequence_parallel,
+        use_distributed_optimizer=a.use_distributed_optimizer,
+        overlap_grad_reduce=a.overlap_grad_reduce,
+        clip_grad=a.clip_grad,
+        recompute_full=a.recompute_granularity == "full",
+        per_token_loss=a.calculate_per_token_loss,
+    )
     return model, par
 
 
@@ -492,13 +561,31 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="megatron-npu plan", description=__doc__.splitlines()[0])
     add_layout_args(p)
     add_model_args(p)
-    p.add_argument("--intra-gbps", type=float, default=HCCS_GBPS, help=f"GB/s inside a node (ASSUMED {HCCS_GBPS}, {PLANNING_FACTS.intra_node_link})")
-    p.add_argument("--inter-gbps", type=float, default=ROCE_GBPS, help=f"GB/s between nodes (ASSUMED {ROCE_GBPS}, {PLANNING_FACTS.inter_node_link})")
+    p.add_argument(
+        "--intra-gbps",
+        type=float,
+        default=HCCS_GBPS,
+        help=f"GB/s inside a node (ASSUMED {HCCS_GBPS}, {PLANNING_FACTS.intra_node_link})",
+    )
+    p.add_argument(
+        "--inter-gbps",
+        type=float,
+        default=ROCE_GBPS,
+        help=f"GB/s between nodes (ASSUMED {ROCE_GBPS}, {PLANNING_FACTS.inter_node_link})",
+    )
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     try:
-        rmap = build_rank_map(tp=a.tp, pp=a.pp, cp=a.cp, ep=a.ep, vpp=a.vpp, nnodes=a.nnodes,
-                              nproc_per_node=a.nproc_per_node, hosts=a.hosts.split(",") if a.hosts else None)  # fmt: skip
+        rmap = build_rank_map(
+            tp=a.tp,
+            pp=a.pp,
+            cp=a.cp,
+            ep=a.ep,
+            vpp=a.vpp,
+            nnodes=a.nnodes,
+            nproc_per_node=a.nproc_per_node,
+            hosts=a.hosts.split(",") if a.hosts else None,
+        )
         model, par = specs_from_args(a)
         result = plan(model, rmap, par, a.intra_gbps, a.inter_gbps)
     except LayoutError as exc:

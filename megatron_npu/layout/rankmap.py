@@ -80,8 +80,9 @@ def build_rank_map(
     hosts: list[str] | None = None,
     num_layers: int | None = None,
 ) -> RankMap:
-    dims = ParallelDims.for_launch(world_size, tp, pp, cp, ep, vpp, nnodes=nnodes, nproc_per_node=nproc_per_node,
-                                   num_layers=num_layers)  # fmt: skip
+    dims = ParallelDims.for_launch(
+        world_size, tp, pp, cp, ep, vpp, nnodes=nnodes, nproc_per_node=nproc_per_node, num_layers=num_layers
+    )
     world, nnodes, nproc, dp = dims.world_size, dims.nnodes, dims.nproc_per_node or dims.world_size, dims.dp
     if hosts is not None and len(hosts) != nnodes:
         raise LayoutError(f"--hosts lists {len(hosts)} hosts but --nnodes is {nnodes}")
@@ -104,13 +105,18 @@ def build_rank_map(
 
     ranks = [
         RankEntry(
-            rank=r, node=r // nproc, local_rank=r % nproc,
-            tp_rank=index_in("tp", r), pp_rank=index_in("pp", r), dp_rank=index_in("dp", r),
-            cp_rank=index_in("cp", r), ep_rank=index_in("ep", r),
+            rank=r,
+            node=r // nproc,
+            local_rank=r % nproc,
+            tp_rank=index_in("tp", r),
+            pp_rank=index_in("pp", r),
+            dp_rank=index_in("dp", r),
+            cp_rank=index_in("cp", r),
+            ep_rank=index_in("ep", r),
             host=hosts[r // nproc] if hosts else None,
         )
         for r in range(world)
-    ]  # fmt: skip
+    ]
     rmap = RankMap(world, nnodes, nproc, tp, pp, cp, ep, dp, vpp, ranks, groups, hosts)
     bad = [g for g in groups["tp"] if rmap.spans_nodes(g)]
     if bad:  # cannot happen when tp | nproc; guards against a change of megatron's order
@@ -133,21 +139,31 @@ def crossings(rmap: RankMap) -> dict[str, list]:
 
 
 def format_table(rmap: RankMap) -> str:
-    out = [f"world {rmap.world_size} = {rmap.nnodes} nodes x {rmap.nproc_per_node}; TP={rmap.tp} PP={rmap.pp} CP={rmap.cp} EP={rmap.ep} DP={rmap.dp}" + (f" VPP={rmap.vpp}" if rmap.vpp else "")]
+    out = [
+        f"world {rmap.world_size} = {rmap.nnodes} nodes x {rmap.nproc_per_node}; TP={rmap.tp} PP={rmap.pp} CP={rmap.cp} EP={rmap.ep} DP={rmap.dp}"
+        + (f" VPP={rmap.vpp}" if rmap.vpp else "")
+    ]
     for node in range(rmap.nnodes):
         host = f" ({rmap.hosts[node]})" if rmap.hosts else ""
         out.append(f"node {node}{host}")
         out.append("  rank  device  tp  pp  dp  cp")
         for e in rmap.ranks:
             if e.node == node:
-                out.append(f"  {e.rank:4d}  {e.local_rank:6d}  {e.tp_rank:2d}  {e.pp_rank:2d}  {e.dp_rank:2d}  {e.cp_rank:2d}")
+                out.append(
+                    f"  {e.rank:4d}  {e.local_rank:6d}  {e.tp_rank:2d}  {e.pp_rank:2d}  {e.dp_rank:2d}  {e.cp_rank:2d}"
+                )
     cross = crossings(rmap)
     out.append("TP groups: all inside one node")
     if cross["pp_boundaries"]:
-        out.append(f"PP boundaries crossing nodes: {len(cross['pp_boundaries'])} (e.g. {cross['pp_boundaries'][0][0]}->{cross['pp_boundaries'][0][1]})")
+        out.append(
+            f"PP boundaries crossing nodes: {len(cross['pp_boundaries'])} (e.g. {cross['pp_boundaries'][0][0]}->{cross['pp_boundaries'][0][1]})"
+        )
     else:
         out.append("PP boundaries crossing nodes: none")
-    out.append(f"DP groups crossing nodes: {len(cross['dp_groups'])} of {len(rmap.groups['dp'])}" + (f" (e.g. {cross['dp_groups'][0]})" if cross["dp_groups"] else ""))
+    out.append(
+        f"DP groups crossing nodes: {len(cross['dp_groups'])} of {len(rmap.groups['dp'])}"
+        + (f" (e.g. {cross['dp_groups'][0]})" if cross["dp_groups"] else "")
+    )
     if rmap.cp > 1:
         out.append(f"CP groups crossing nodes: {len(cross['cp_groups'])} of {len(rmap.groups['cp'])}")
     return "\n".join(out)
@@ -172,8 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     hosts = args.hosts.split(",") if args.hosts else None
     try:
-        rmap = build_rank_map(tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, vpp=args.vpp, nnodes=args.nnodes,
-                              nproc_per_node=args.nproc_per_node, hosts=hosts, num_layers=args.num_layers)  # fmt: skip
+        rmap = build_rank_map(
+            tp=args.tp,
+            pp=args.pp,
+            cp=args.cp,
+            ep=args.ep,
+            vpp=args.vpp,
+            nnodes=args.nnodes,
+            nproc_per_node=args.nproc_per_node,
+            hosts=hosts,
+            num_layers=args.num_layers,
+        )
     except LayoutError as exc:
         print(f"rankmap: error: {exc}", file=sys.stderr)
         return 2

@@ -116,7 +116,9 @@ def parse_nic_text(text: str, source: str = "<nic>", host: str | None = None, ni
             elif key in ("netmask", "gateway", "ipv6addr", "prefixlen"):
                 pass  # the rest of hccn_tool's -ip -g output
             else:
-                raise RankTableError(f"{where}: unexpected {raw.strip()!r} (want 'HOST DEVICE_ID IP' or hccn_tool output)")
+                raise RankTableError(
+                    f"{where}: unexpected {raw.strip()!r} (want 'HOST DEVICE_ID IP' or hccn_tool output)"
+                )
             continue
         parts = line.split()
         if len(parts) == 3:
@@ -142,13 +144,19 @@ def build_rank_table(hosts: list[str], nics: NicMap, nproc_per_node: int) -> dic
         devs = nics.get(host, {})
         missing = [d for d in range(nproc_per_node) if d not in devs]
         if missing:
-            raise RankTableError(f"host {host}: no NIC address for device(s) {missing} (need 0..{nproc_per_node - 1}; "
-                                 f"run `hccn_tool -i N -ip -g` on it)")  # fmt: skip
-        servers.append({
-            "server_id": host,
-            "device": [{"device_id": str(d), "device_ip": devs[d], "rank_id": str(node * nproc_per_node + d)}
-                       for d in range(nproc_per_node)],
-        })  # fmt: skip
+            raise RankTableError(
+                f"host {host}: no NIC address for device(s) {missing} (need 0..{nproc_per_node - 1}; "
+                f"run `hccn_tool -i N -ip -g` on it)"
+            )
+        servers.append(
+            {
+                "server_id": host,
+                "device": [
+                    {"device_id": str(d), "device_ip": devs[d], "rank_id": str(node * nproc_per_node + d)}
+                    for d in range(nproc_per_node)
+                ],
+            }
+        )
     return {"status": "completed", "version": "1.0", "server_count": str(len(hosts)), "server_list": servers}
 
 
@@ -181,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
     else:
         Path(a.output).write_text(text + "\n")
-        print(f"wrote {a.output}: {len(hosts)} servers x {a.nproc_per_node} devices; set RANK_TABLE_FILE={a.output}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"wrote {a.output}: {len(hosts)} servers x {a.nproc_per_node} devices; set RANK_TABLE_FILE={a.output}",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -105,15 +105,22 @@ def rewrite_flags(code: str, lineno: int, force: bool, res: Result, yaml: bool =
                 pos = vstart + len(new)
         elif rule.action in ("remove", "refuse"):
             end = vend if rule.takes_value else m.end()
-            text = code[m.start():end]
+            text = code[m.start() : end]
             if rule.action == "refuse" and not force:
                 res.refused.append(Finding(lineno, text, rule.reason, rule.name))
                 continue
             if rule.action == "refuse":
                 res.forced.append(Finding(lineno, text, "dropped under --force: " + rule.reason, rule.name))
             code = _cut(code, m.start(), end)
-            res.changes.append(Change(lineno, None, None, rule.name, rule.reason if rule.action == "remove"
-                                      else "dropped under --force: " + rule.reason))
+            res.changes.append(
+                Change(
+                    lineno,
+                    None,
+                    None,
+                    rule.name,
+                    rule.reason if rule.action == "remove" else "dropped under --force: " + rule.reason,
+                )
+            )
             pos = m.start()
 
 
@@ -149,18 +156,24 @@ def rewrite_env(code: str, lineno: int, res: Result) -> tuple[str, bool]:
                 m = re.search(rf"\b{rule.to}=(\"[^\"]*\"|'[^']*'|[^\s;]*)", new_code)
                 mb = _buffsize_mb(m.group(1)) if m else None
                 if m and mb is not None:
-                    new_code = new_code[:m.start(1)] + mb + new_code[m.end(1):]
+                    new_code = new_code[: m.start(1)] + mb + new_code[m.end(1) :]
                     reason += f" ({m.group(1)} bytes -> {mb} MB)"
                 elif m:
-                    res.unsupported.append(Finding(lineno, name, f"{rule.to} is in MB, {name} was bytes: "
-                                                   f"convert the value {m.group(1)} by hand", rule.name))
+                    res.unsupported.append(
+                        Finding(
+                            lineno,
+                            name,
+                            f"{rule.to} is in MB, {name} was bytes: convert the value {m.group(1)} by hand",
+                            rule.name,
+                        )
+                    )
             code = new_code
             res.changes.append(Change(lineno, None, None, rule.name, reason))
         elif rule.action == "comment":
             # NAME=value anywhere (export/inline prefix), or a bare "export NAME"
             pat = re.compile(rf"(?:(?<=^)|(?<=[\s;])){re.escape(name)}(?:(=(?:\"[^\"]*\"|'[^']*'|[^\s;]*))|(?=\s|;|$))")
             for m in reversed(list(pat.finditer(code))):
-                if m.group(1) is None and not re.search(r"\bexport[ \t]+$", code[:m.start()]):
+                if m.group(1) is None and not re.search(r"\bexport[ \t]+$", code[: m.start()]):
                     continue  # a reference such as "unset NAME": harmless, left alone
                 code = _cut(code, m.start(), m.end())
                 res.changes.append(Change(lineno, None, None, rule.name, rule.reason))
@@ -243,8 +256,13 @@ def migrate_bash(text: str, *, force: bool = False, npu_dir: str = ".", keep_ent
         if "pretrain_gpt.py" in code:
             seen_entry = True
         # the added settings go after the last top-level export ahead of the launch
-        if (not seen_entry and start.depth == 0 and start.quote is None and not start.continued
-                and re.match(r"export\s", line)):
+        if (
+            not seen_entry
+            and start.depth == 0
+            and start.quote is None
+            and not start.continued
+            and re.match(r"export\s", line)
+        ):
             insert_after = lineno
         if len(res.changes) == nchanges:
             out.append(line)

@@ -86,7 +86,7 @@ class Launch:
 
     @property
     def kind(self) -> str:
-        """"torchrun" (torchrun, python -m torch.distributed.launch/run), "python" or "other" (srun, ...)."""
+        """ "torchrun" (torchrun, python -m torch.distributed.launch/run), "python" or "other" (srun, ...)."""
         words = [w for w in self.launcher if not re.fullmatch(r"[A-Za-z_]\w*=.*", w) and w != "env"]
         if not words:
             return "python"  # ./pretrain_gpt.py
@@ -201,10 +201,12 @@ def _words(s: str) -> list[str]:
         return s.split()
 
 
-_ARRAY_RE = re.compile(r"\s*(?:export\s+|declare\s+-a\s+|local\s+|readonly\s+)?([A-Za-z_]\w*)(\+?)=\((.*)\)\s*;?\s*",
-                       re.S)
-_SCALAR_RE = re.compile(r"\s*(?:export\s+|local\s+|readonly\s+)?([A-Za-z_]\w*)(\+?)=(\S*|\"[^\"]*\"|'[^']*')\s*;?\s*",
-                        re.S)
+_ARRAY_RE = re.compile(
+    r"\s*(?:export\s+|declare\s+-a\s+|local\s+|readonly\s+)?([A-Za-z_]\w*)(\+?)=\((.*)\)\s*;?\s*", re.S
+)
+_SCALAR_RE = re.compile(
+    r"\s*(?:export\s+|local\s+|readonly\s+)?([A-Za-z_]\w*)(\+?)=(\S*|\"[^\"]*\"|'[^']*')\s*;?\s*", re.S
+)
 
 
 def find_launch(text: str) -> Launch | None:
@@ -231,7 +233,7 @@ def find_launch(text: str) -> Launch | None:
         for i, w in enumerate(words):
             if w.endswith("pretrain_gpt.py"):
                 args: list[str] = []
-                for j, a in enumerate(words[i + 1:], start=i + 1):
+                for j, a in enumerate(words[i + 1 :], start=i + 1):
                     if a and all(ch in ";&|<>" for ch in a):
                         if args and args[-1].isdigit() and j > 0 and a.startswith(">"):
                             args.pop()
@@ -241,6 +243,6 @@ def find_launch(text: str) -> Launch | None:
                     args.append(a)
                 launcher = [x for x in words[:i]]
                 k = max((n for n, x in enumerate(launcher) if x and all(ch in ";&|" for ch in x)), default=-1)
-                found = Launch(lineno, launcher[k + 1:], w, args, dict(env))
+                found = Launch(lineno, launcher[k + 1 :], w, args, dict(env))
                 break
     return found

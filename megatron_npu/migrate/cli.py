@@ -63,13 +63,17 @@ class Report:
     def to_json(self) -> dict:
         r = self.result
         return {
-            "input": self.input, "output": self.output, "kind": self.kind, "verdict": self.verdict,
+            "input": self.input,
+            "output": self.output,
+            "kind": self.kind,
+            "verdict": self.verdict,
             "changes": [c.to_json() for c in r.changes],
             "unsupported": [f.to_json() for f in r.unsupported],
             "refused": [f.to_json() for f in r.refused + self.errors],
             "forced": [f.to_json() for f in r.forced],
             "notes": [f.to_json() for f in r.notes],
-            "layout": self.layout, "checks": self.checks,
+            "layout": self.layout,
+            "checks": self.checks,
         }
 
 
@@ -125,8 +129,9 @@ def flag_values(args: list[str]) -> dict[str, str]:
     return values
 
 
-def check_layout(settings: dict[str, Any], nnodes: Any, nproc: Any, npus_per_node: int,
-                 report: Report, line: int | None) -> None:
+def check_layout(
+    settings: dict[str, Any], nnodes: Any, nproc: Any, npus_per_node: int, report: Report, line: int | None
+) -> None:
     """TP/PP/CP/EP against the launcher's ranks and the node's NPUs (ParallelDims' rules)."""
     par = {k: _int(v) for k, v in settings.items()}
     raw = {k: v for k, v in settings.items() if v is not None}
@@ -143,22 +148,41 @@ def check_layout(settings: dict[str, Any], nnodes: Any, nproc: Any, npus_per_nod
     n_nodes, n_proc = _int(nnodes), _int(nproc)
     if n_proc is None:
         if nproc is not None:
-            report.result.unsupported.append(Finding(line, f"nproc_per_node={nproc}",
-                                                     f"not resolvable; assuming {npus_per_node} (--npus-per-node)"))
+            report.result.unsupported.append(
+                Finding(line, f"nproc_per_node={nproc}", f"not resolvable; assuming {npus_per_node} (--npus-per-node)")
+            )
         n_proc = npus_per_node
     if n_nodes is None:
         if nnodes is not None:
             report.result.unsupported.append(Finding(line, f"nnodes={nnodes}", "not resolvable; assuming 1"))
         n_nodes = 1
-    report.layout = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "nnodes": n_nodes,
-                     "nproc_per_node": n_proc, "npus_per_node": npus_per_node, "world_size": n_nodes * n_proc}
+    report.layout = {
+        "tp": tp,
+        "pp": pp,
+        "cp": cp,
+        "ep": ep,
+        "vpp": vpp,
+        "nnodes": n_nodes,
+        "nproc_per_node": n_proc,
+        "npus_per_node": npus_per_node,
+        "world_size": n_nodes * n_proc,
+    }
     vpp_flag = _PARALLEL["vpp" if par.get("vpp") is not None else "layers_per_vstage"][0]
     flags = replace(TRAINER_FLAGS, vpp=vpp_flag, devices_per_node="--npus-per-node")
     problem = None
     try:  # one ParallelDims: launcher vs the node's devices, TP in a node, world, EP, VPP, layers
-        dims = ParallelDims.for_launch(tp=tp, pp=pp, cp=cp, ep=ep, vpp=None if vpp == 1 else vpp, nnodes=n_nodes,
-                                       nproc_per_node=n_proc, devices_per_node=npus_per_node,
-                                       num_layers=num_layers, flags=flags)
+        dims = ParallelDims.for_launch(
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            ep=ep,
+            vpp=None if vpp == 1 else vpp,
+            nnodes=n_nodes,
+            nproc_per_node=n_proc,
+            devices_per_node=npus_per_node,
+            num_layers=num_layers,
+            flags=flags,
+        )
         report.layout["dp"] = dims.dp
     except LayoutError as exc:
         problem = str(exc)
@@ -169,8 +193,7 @@ def check_layout(settings: dict[str, Any], nnodes: Any, nproc: Any, npus_per_nod
         report.checks["layout"] = "ok"
 
 
-def check_flags(args: list[str], line: int | None, world_size: int | None, report: Report,
-                already: set[str]) -> None:
+def check_flags(args: list[str], line: int | None, world_size: int | None, report: Report, already: set[str]) -> None:
     """Flags pretrain_gpt.py does not accept, then its own validation (ConfigError) of the whole set."""
     known = arguments.known_flags()
     bad = []
@@ -203,8 +226,16 @@ def check_flags(args: list[str], line: int | None, world_size: int | None, repor
     report.checks["flags"] = "ok (parse_args accepts them)"
 
 
-def migrate_text(text: str, kind: str, *, force: bool = False, npus_per_node: int = 8,
-                 npu_dir: str = DEFAULT_NPU_DIR, name: str = "<text>", keep_entry_point: bool = False) -> Report:
+def migrate_text(
+    text: str,
+    kind: str,
+    *,
+    force: bool = False,
+    npus_per_node: int = 8,
+    npu_dir: str = DEFAULT_NPU_DIR,
+    name: str = "<text>",
+    keep_entry_point: bool = False,
+) -> Report:
     if kind == "yaml":
         from .yamlcfg import flatten, migrate_yaml
 
@@ -228,8 +259,12 @@ def migrate_text(text: str, kind: str, *, force: bool = False, npus_per_node: in
         flat = flatten(yaml.safe_load(result.text))
         # a YAML config does not say how many nodes run it: only check that TP fits in a node
         check_layout({"tp": flat.get("tensor_model_parallel_size")}, 1, npus_per_node, npus_per_node, report, None)
-        report.layout = {"tp": report.layout.get("tp"), "pp": flat.get("pipeline_model_parallel_size"),
-                         "npus_per_node": npus_per_node, "world_size": None}
+        report.layout = {
+            "tp": report.layout.get("tp"),
+            "pp": flat.get("pipeline_model_parallel_size"),
+            "npus_per_node": npus_per_node,
+            "world_size": None,
+        }
         if not result.refused:
             with tempfile.TemporaryDirectory() as tmp:
                 cfg = Path(tmp, "config.yaml")
@@ -245,8 +280,9 @@ def migrate_text(text: str, kind: str, *, force: bool = False, npus_per_node: in
     else:
         launch = find_launch(result.text)
         if launch is None:
-            result.unsupported.append(Finding(None, "launch", "no command running pretrain_gpt.py was found: "
-                                              "layout and flag checks skipped"))
+            result.unsupported.append(
+                Finding(None, "launch", "no command running pretrain_gpt.py was found: layout and flag checks skipped")
+            )
             report.checks["layout"] = report.checks["flags"] = "skipped (no launch command)"
         else:
             values = flag_values(launch.args)
@@ -256,9 +292,14 @@ def migrate_text(text: str, kind: str, *, force: bool = False, npus_per_node: in
                 nnodes = launch.launcher_value("--nnodes") or "1"
                 check_layout(settings, nnodes, nproc, npus_per_node, report, launch.line)
                 if "torch.distributed.launch" in launch.launcher:
-                    result.notes.append(Finding(launch.line, "python -m torch.distributed.launch",
-                                                "kept: deprecated by PyTorch in favour of torchrun; it passes "
-                                                "--local-rank, which pretrain_gpt.py accepts"))
+                    result.notes.append(
+                        Finding(
+                            launch.line,
+                            "python -m torch.distributed.launch",
+                            "kept: deprecated by PyTorch in favour of torchrun; it passes "
+                            "--local-rank, which pretrain_gpt.py accepts",
+                        )
+                    )
             elif launch.kind == "python":
                 check_layout(settings, 1, 1, npus_per_node, report, launch.line)
             else:  # srun, mpirun, ...: the rank count is not in the script's literals
@@ -293,8 +334,12 @@ def summary(report: Report) -> str:
     for c in r.changes:
         what = "deleted" if c.after is None else ("added " + c.after.strip() if c.before is None else c.after.strip())
         lines.append(f"  line {c.line:4} [{c.rule}] {what}  ({c.reason})")
-    for title, items in (("refused", r.refused + report.errors), ("dropped (--force)", r.forced),
-                         ("unsupported", r.unsupported), ("notes", r.notes)):
+    for title, items in (
+        ("refused", r.refused + report.errors),
+        ("dropped (--force)", r.forced),
+        ("unsupported", r.unsupported),
+        ("notes", r.notes),
+    ):
         for f in items:
             where = f"line {f.line:4}" if f.line else "         "
             lines.append(f"  {title}: {where} {f.item}: {f.reason}")
@@ -303,20 +348,30 @@ def summary(report: Report) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="megatron-npu migrate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="megatron-npu migrate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("input", nargs="?", help="a Megatron-LM launch script (bash) or --yaml-cfg file")
     p.add_argument("-o", "--output", help="where the migrated file goes (default: NAME.npu.EXT beside the input)")
     p.add_argument("--report", help="write the JSON report here")
     p.add_argument("--npus-per-node", type=int, default=8, help="NPUs per node for the layout check (default 8)")
-    p.add_argument("--force", action="store_true",
-                   help="drop what NPUs cannot run (fp8) and write the output even when a check fails")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="drop what NPUs cannot run (fp8) and write the output even when a check fails",
+    )
     p.add_argument("--kind", choices=("auto", "bash", "yaml"), default="auto")
-    p.add_argument("--megatron-npu-dir", default=DEFAULT_NPU_DIR,
-                   help="default of MEGATRON_NPU_DIR written into the script (default: this checkout)")
-    p.add_argument("--keep-entry-point", action="store_true",
-                   help="keep your own Megatron-LM pretrain_gpt.py: the launcher runs it as -m megatron_npu.run SCRIPT "
-                        "(patched, unmodified) instead of this project's pretrain_gpt.py")
+    p.add_argument(
+        "--megatron-npu-dir",
+        default=DEFAULT_NPU_DIR,
+        help="default of MEGATRON_NPU_DIR written into the script (default: this checkout)",
+    )
+    p.add_argument(
+        "--keep-entry-point",
+        action="store_true",
+        help="keep your own Megatron-LM pretrain_gpt.py: the launcher runs it as -m megatron_npu.run SCRIPT "
+        "(patched, unmodified) instead of this project's pretrain_gpt.py",
+    )
     p.add_argument("--list-rules", action="store_true", help="print the rules and their reasons")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the summary")
     return p
@@ -340,9 +395,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     kind = detect_kind(args.input, text) if args.kind == "auto" else args.kind
     try:
-        report = migrate_text(text, kind, force=args.force, npus_per_node=args.npus_per_node,
-                              npu_dir=args.megatron_npu_dir, name=args.input,
-                              keep_entry_point=args.keep_entry_point)
+        report = migrate_text(
+            text,
+            kind,
+            force=args.force,
+            npus_per_node=args.npus_per_node,
+            npu_dir=args.megatron_npu_dir,
+            name=args.input,
+            keep_entry_point=args.keep_entry_point,
+        )
     except InputError as exc:
         print(f"megatron-npu migrate: {exc}", file=sys.stderr)
         return 2
@@ -355,8 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     if report.verdict == "refused":
         fp8 = [f.item for f in report.result.refused]
         if fp8:
-            print(f"megatron-npu migrate: refused: fp8 is not supported on the Ascend 910B: {', '.join(fp8)} "
-                  "(--force drops them)", file=sys.stderr)
+            print(
+                f"megatron-npu migrate: refused: fp8 is not supported on the Ascend 910B: {', '.join(fp8)} "
+                "(--force drops them)",
+                file=sys.stderr,
+            )
         for f in report.errors:
             print(f"megatron-npu migrate: refused: {f.item}: {f.reason}", file=sys.stderr)
         return 1

@@ -72,17 +72,41 @@ RULES: list[Rule] = [
     *(Rule(e.name, "env", e.match, e.action, e.to, e.reason) for e in ENV_POLICY),
     *(_flag_rule(p) for p in MIGRATED),
     # ---- entry point --------------------------------------------------------------------
-    Rule("entry", "entry", "pretrain_gpt.py", "entry", "${MEGATRON_NPU_DIR}/pretrain_gpt.py",
-         "this project's Megatron-LM-compatible trainer; MEGATRON_NPU_DIR (added with a default of "
-         "this checkout) says where it lives"),
-    Rule("keep-entry", "entry", "pretrain_gpt.py", "entry", "-m megatron_npu.run <your pretrain_gpt.py>",
-         "--keep-entry-point: your own Megatron-LM pretrain_gpt.py, unmodified, run by megatron_npu.run, which "
-         "applies the patch layer (megatron/training included) first"),
-    Rule("npu-dir", "entry", "MEGATRON_NPU_DIR", "add", "<--megatron-npu-dir, default: this checkout>",
-         "where this project's pretrain_gpt.py lives; added (overridable from the environment) when the entry "
-         "point was rewritten and the script does not set it"),
-    Rule("added-header", "entry", "# megatron-npu migrate: ...", "add", "",
-         "a comment line that marks the settings the migration added"),
+    Rule(
+        "entry",
+        "entry",
+        "pretrain_gpt.py",
+        "entry",
+        "${MEGATRON_NPU_DIR}/pretrain_gpt.py",
+        "this project's Megatron-LM-compatible trainer; MEGATRON_NPU_DIR (added with a default of "
+        "this checkout) says where it lives",
+    ),
+    Rule(
+        "keep-entry",
+        "entry",
+        "pretrain_gpt.py",
+        "entry",
+        "-m megatron_npu.run <your pretrain_gpt.py>",
+        "--keep-entry-point: your own Megatron-LM pretrain_gpt.py, unmodified, run by megatron_npu.run, which "
+        "applies the patch layer (megatron/training included) first",
+    ),
+    Rule(
+        "npu-dir",
+        "entry",
+        "MEGATRON_NPU_DIR",
+        "add",
+        "<--megatron-npu-dir, default: this checkout>",
+        "where this project's pretrain_gpt.py lives; added (overridable from the environment) when the entry "
+        "point was rewritten and the script does not set it",
+    ),
+    Rule(
+        "added-header",
+        "entry",
+        "# megatron-npu migrate: ...",
+        "add",
+        "",
+        "a comment line that marks the settings the migration added",
+    ),
 ]
 
 ENV_RULES = [r for r in RULES if r.kind == "env"]

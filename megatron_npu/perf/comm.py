@@ -235,8 +235,12 @@ def megatron_groups() -> dict[str, Any]:
     from megatron.core import parallel_state as ps
 
     return {
-        "tp": ps.get_tensor_model_parallel_group(), "pp": ps.get_pipeline_model_parallel_group(),
-        "dp_cp": ps.get_data_parallel_group(with_context_parallel=True), "dp": ps.get_data_parallel_group(),
-        "embd": ps.get_embedding_group(check_initialized=False), "mp": ps.get_model_parallel_group(),
-        "dist_opt": ps.get_intra_distributed_optimizer_instance_group(), "world": dist.group.WORLD,
-    }  # fmt: skip
+        "tp": ps.get_tensor_model_parallel_group(),
+        "pp": ps.get_pipeline_model_parallel_group(),
+        "dp_cp": ps.get_data_parallel_group(with_context_parallel=True),
+        "dp": ps.get_data_parallel_group(),
+        "embd": ps.get_embedding_group(check_initialized=False),
+        "mp": ps.get_model_parallel_group(),
+        "dist_opt": ps.get_intra_distributed_optimizer_instance_group(),
+        "world": dist.group.WORLD,
+    }

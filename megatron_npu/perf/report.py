@@ -97,8 +97,15 @@ DIMENSIONS: dict[str, tuple[str, ...]] = {
 }
 COMM_PARTS = tuple(p for parts in DIMENSIONS.values() for p in parts)
 # planner label -> dimension shown in point 2; which ones are high-frequency (must stay on HCCS)
-PLAN_DIMENSIONS = {"tp": "TP", "pp": "PP", "dp_cp": "DP grad sync", "embd": "embedding (PP ends)",
-                   "mp": "grad norm (TP x PP)", "dist_opt": "grad norm (dist. opt.)", "dp": "loss report (DP)"}  # fmt: skip
+PLAN_DIMENSIONS = {
+    "tp": "TP",
+    "pp": "PP",
+    "dp_cp": "DP grad sync",
+    "embd": "embedding (PP ends)",
+    "mp": "grad norm (TP x PP)",
+    "dist_opt": "grad norm (dist. opt.)",
+    "dp": "loss report (DP)",
+}
 HIGH_FREQUENCY = ("tp", "dp_cp")
 
 
@@ -158,7 +165,9 @@ def load_run(run_dir: Path) -> Run:
     npu_smi: dict[str, list[float]] = {}
     for directory in {log_dir, run_dir}:
         for path in sorted(directory.glob("npu_smi*.txt")):
-            values = [float(m.group(1)) for m in re.finditer(r"Aicore Usage Rate\(%\)\s*:\s*([\d.]+)", path.read_text())]
+            values = [
+                float(m.group(1)) for m in re.finditer(r"Aicore Usage Rate\(%\)\s*:\s*([\d.]+)", path.read_text())
+            ]
             if values:
                 npu_smi[path.name] = values
     return Run(log_dir, args, layout, records, metrics, npu_smi)
@@ -209,16 +218,22 @@ def _spread(values: list[float]) -> float | None:
 def _ranks_info(run: Run) -> dict[int, dict[str, Any]]:
     info = {int(e["rank"]): e for e in run.layout.get("ranks", [])}
     for rank, lines in run.records.items():
-        info.setdefault(rank, {"rank": rank, "node": 0, **{k: lines[0].get(k, 0) for k in ("tp_rank", "pp_rank", "dp_rank")}})
+        info.setdefault(
+            rank, {"rank": rank, "node": 0, **{k: lines[0].get(k, 0) for k in ("tp_rank", "pp_rank", "dp_rank")}}
+        )
     return info
 
 
 def _select_iterations(run: Run, skip: int) -> tuple[list[int], int]:
     """Iterations every rank recorded, less the first ``skip`` (all of them, skip 0, if that leaves none)."""
-    common = set.intersection(*({r.get("iteration") for r in lines if "iteration_s" in r} for lines in run.records.values()))
+    common = set.intersection(
+        *({r.get("iteration") for r in lines if "iteration_s" in r} for lines in run.records.values())
+    )
     ordered = sorted(i for i in common if i is not None)
     if not ordered:
-        raise ReportError(f"the ranks in {run.log_dir / 'timers'} share no recorded iteration: did the run stop during the first step?")
+        raise ReportError(
+            f"the ranks in {run.log_dir / 'timers'} share no recorded iteration: did the run stop during the first step?"
+        )
     return (ordered[skip:], skip) if len(ordered) > skip else (ordered, 0)
 
 
@@ -247,33 +262,48 @@ def _planner(run: Run, intra: float, inter: float) -> tuple[Any, str | None]:
     per_node: dict[int, int] = {}
     for node in nodes.values():
         per_node[node] = per_node.get(node, 0) + 1
-    ranks = [RankEntry(rank=int(e["rank"]), node=int(e["node"]), local_rank=int(e.get("local_rank", 0)), tp_rank=int(e["tp_rank"]),
-                       pp_rank=int(e["pp_rank"]), dp_rank=int(e["dp_rank"]), cp_rank=int(e.get("cp_rank", 0)))
-             for e in entries]  # fmt: skip
+    ranks = [
+        RankEntry(
+            rank=int(e["rank"]),
+            node=int(e["node"]),
+            local_rank=int(e.get("local_rank", 0)),
+            tp_rank=int(e["tp_rank"]),
+            pp_rank=int(e["pp_rank"]),
+            dp_rank=int(e["dp_rank"]),
+            cp_rank=int(e.get("cp_rank", 0)),
+        )
+        for e in entries
+    ]
     dtype = "bf16" if a.get("bf16") else "fp16" if a.get("fp16") else "fp32"
     try:
         # the run's own layout and shape objects, from its args.json (no placement rule: the run ran)
         dims = ParallelDims.from_args(a, world)
-        rmap = ObservedRankMap(world, len(per_node), max(per_node.values()), dims.tp, dims.pp, dims.cp, 1, dims.dp,
-                               dims.vpp, ranks, groups)  # fmt: skip
+        rmap = ObservedRankMap(
+            world, len(per_node), max(per_node.values()), dims.tp, dims.pp, dims.cp, 1, dims.dp, dims.vpp, ranks, groups
+        )
         shape = ModelShape.from_args({**a, "vocab_size": a.get("padded_vocab_size") or a["vocab_size"]})
         model = ModelSpec.from_shape(
-            shape, seq_length=int(a["seq_length"]), micro_batch_size=int(a["micro_batch_size"]),
+            shape,
+            seq_length=int(a["seq_length"]),
+            micro_batch_size=int(a["micro_batch_size"]),
             global_batch_size=int(a["global_batch_size"]),
             untie_embeddings_and_output_weights=bool(a.get("untie_embeddings_and_output_weights")),
             add_bias_linear=a.get("add_bias_linear", True) is not False,
             normalization=a.get("normalization") or "LayerNorm",
             position_embedding_type=a.get("position_embedding_type") or "learned_absolute",
-            max_position_embeddings=a.get("max_position_embeddings"), params_dtype=dtype,
+            max_position_embeddings=a.get("max_position_embeddings"),
+            params_dtype=dtype,
             grad_reduce_in_fp32=a.get("accumulate_allreduce_grads_in_fp32"),
-        )  # fmt: skip
+        )
         par = ParallelSpec(
             sequence_parallel=bool(a.get("sequence_parallel")),
             use_distributed_optimizer=bool(a.get("use_distributed_optimizer")),
-            overlap_grad_reduce=bool(a.get("overlap_grad_reduce")), bucket_size=a.get("ddp_bucket_size"),
-            clip_grad=float(a.get("clip_grad") or 0.0), recompute_full=a.get("recompute_granularity") == "full",
+            overlap_grad_reduce=bool(a.get("overlap_grad_reduce")),
+            bucket_size=a.get("ddp_bucket_size"),
+            clip_grad=float(a.get("clip_grad") or 0.0),
+            recompute_full=a.get("recompute_granularity") == "full",
             per_token_loss=bool(a.get("calculate_per_token_loss")),
-        )  # fmt: skip
+        )
         return plan(model, rmap, par, intra, inter), None
     except (KeyError, TypeError, ValueError, LayoutError) as exc:
         return None, f"planner: {exc}"
@@ -434,14 +464,23 @@ def summarise_ranks(run: Run, iterations: list[int]) -> tuple[list[RankSummary],
                 d = comm_groups.setdefault(label, {"calls": 0.0, "bytes": 0.0, "seconds": 0.0})
                 for k in d:
                     d[k] += float(s.get(k, 0.0)) / len(lines)
-        ranks.append(RankSummary(
-            rank=rank, node=info[rank].get("node", 0), host=info[rank].get("host"),
-            tp_rank=info[rank].get("tp_rank", 0), pp_rank=info[rank].get("pp_rank", 0),
-            dp_rank=info[rank].get("dp_rank", 0), iteration_s=_mean([float(r["iteration_s"]) for r in lines]),
-            parts=mean, forward_backward_s=_mean([float(r.get("forward_backward_s", 0.0)) for r in lines]),
-            busy_s=mean["compute"] + mean["optimizer"], comm_s=sum(mean[p] for p in COMM_PARTS),
-            num_microbatches=lines[0].get("num_microbatches") if lines else None, comm_groups=comm_groups,
-        ))  # fmt: skip
+        ranks.append(
+            RankSummary(
+                rank=rank,
+                node=info[rank].get("node", 0),
+                host=info[rank].get("host"),
+                tp_rank=info[rank].get("tp_rank", 0),
+                pp_rank=info[rank].get("pp_rank", 0),
+                dp_rank=info[rank].get("dp_rank", 0),
+                iteration_s=_mean([float(r["iteration_s"]) for r in lines]),
+                parts=mean,
+                forward_backward_s=_mean([float(r.get("forward_backward_s", 0.0)) for r in lines]),
+                busy_s=mean["compute"] + mean["optimizer"],
+                comm_s=sum(mean[p] for p in COMM_PARTS),
+                num_microbatches=lines[0].get("num_microbatches") if lines else None,
+                comm_groups=comm_groups,
+            )
+        )
         for r, p in zip(lines, parts, strict=True):
             acc = per_iteration.setdefault(r["iteration"], {key: 0.0 for key, _ in PARTS} | {"iteration_s": 0.0})
             for key in p:
@@ -466,8 +505,9 @@ def run_shape(run: Run, ranks: list[RankSummary]) -> RunShape:
     return RunShape(dims.tp, dims.pp, dims.dp, dims.virtual_stages, m, len({r.node for r in ranks}))
 
 
-def communication_check(ranks: list[RankSummary], parts_mean: dict[str, float], mean_it: float,
-                        level2: bool) -> CommunicationCheck:  # fmt: skip
+def communication_check(
+    ranks: list[RankSummary], parts_mean: dict[str, float], mean_it: float, level2: bool
+) -> CommunicationCheck:
     """Point 1: exposed communication's share of the iteration, by dimension."""
     shares = {r.rank: r.comm_s / r.iteration_s if r.iteration_s else 0.0 for r in ranks}
     by_dim = {dim: sum(parts_mean[p] for p in keys) for dim, keys in DIMENSIONS.items()}
@@ -475,32 +515,46 @@ def communication_check(ranks: list[RankSummary], parts_mean: dict[str, float], 
     top = max(by_dim, key=by_dim.get) if by_dim else None
     advice = []
     if not level2:
-        advice.append("TP collectives are counted inside compute at --timing-log-level 1: rerun with 2 to split them out.")
+        advice.append(
+            "TP collectives are counted inside compute at --timing-log-level 1: rerun with 2 to split them out."
+        )
     if comm_share > COMM_SHARE_LIMIT:
         advice.append(f"largest exposed dimension: {top} ({by_dim[top] / mean_it:.0%} of the step).")
         advice += {
-            "TP": ["keep TP inside one node (HCCS) and no larger than needed; add --sequence-parallel; "
-                   "trade TP for PP/DP if the model fits"],
-            "PP": ["PP wait is mostly bubble: raise the micro-batch count (global batch / (micro batch x DP)) "
-                   "or interleave (--num-layers-per-virtual-pipeline-stage); balance stages (point 3)"],
+            "TP": [
+                "keep TP inside one node (HCCS) and no larger than needed; add --sequence-parallel; "
+                "trade TP for PP/DP if the model fits"
+            ],
+            "PP": [
+                "PP wait is mostly bubble: raise the micro-batch count (global batch / (micro batch x DP)) "
+                "or interleave (--num-layers-per-virtual-pipeline-stage); balance stages (point 3)"
+            ],
             "DP grad reduce": ["see point 5: --overlap-grad-reduce, --use-distributed-optimizer, bucket size"],
-            "param all-gather": ["--overlap-param-gather (with --use-distributed-optimizer) hides the all-gather "
-                                 "behind the next forward"],
-            "other collectives": ["grad-norm / loss all-reduces are tiny: time here is waiting for the slowest "
-                                  "rank, look at point 3"],
-        }.get(top, [])  # fmt: skip
+            "param all-gather": [
+                "--overlap-param-gather (with --use-distributed-optimizer) hides the all-gather behind the next forward"
+            ],
+            "other collectives": [
+                "grad-norm / loss all-reduces are tiny: time here is waiting for the slowest rank, look at point 3"
+            ],
+        }.get(top, [])
     else:
         advice.append("communication is within budget; re-check at the target scale (more DP ranks, more nodes).")
     return CommunicationCheck(
-        figure=comm_share, max_rank_share=max(shares.values()), per_rank_share=shares, by_dimension_s=by_dim,
+        figure=comm_share,
+        max_rank_share=max(shares.values()),
+        per_rank_share=shares,
+        by_dimension_s=by_dim,
         by_dimension_share={k: v / mean_it if mean_it else 0.0 for k, v in by_dim.items()},
-        threshold=COMM_SHARE_LIMIT, verdict=_verdict(comm_share > COMM_SHARE_LIMIT), measured_tp=level2,
+        threshold=COMM_SHARE_LIMIT,
+        verdict=_verdict(comm_share > COMM_SHARE_LIMIT),
+        measured_tp=level2,
         advice=advice,
-    )  # fmt: skip
+    )
 
 
-def traffic_check(run: Run, ranks: list[RankSummary], parts_mean: dict[str, float], nnodes: int,
-                  intra: float, inter: float) -> TrafficCheck:  # fmt: skip
+def traffic_check(
+    run: Run, ranks: list[RankSummary], parts_mean: dict[str, float], nnodes: int, intra: float, inter: float
+) -> TrafficCheck:
     """Point 2: planned bytes per group (intra / inter node) beside the measured ones; crossing groups."""
     comm_plan, plan_error = _planner(run, intra, inter)
     crossing = _crossing(run)
@@ -519,8 +573,12 @@ def traffic_check(run: Run, ranks: list[RankSummary], parts_mean: dict[str, floa
             d["measured_s"] = d.get("measured_s", 0.0) + v["seconds"] / len(ranks)
     # exposed time from the timers: the counter's seconds are call-return times for async ops
     # (DDP's grad reduce, batched p2p), so they understate what the iteration waited
-    exposed = {"tp": ("tp_comm", "tp_grad_sync"), "pp": ("pp_wait",), "dp_cp": ("grad_sync", "param_gather"),
-               "embd": ("embedding_sync",)}  # fmt: skip
+    exposed = {
+        "tp": ("tp_comm", "tp_grad_sync"),
+        "pp": ("pp_wait",),
+        "dp_cp": ("grad_sync", "param_gather"),
+        "embd": ("embedding_sync",),
+    }
     for label, d in dims.items():
         d["exposed_s"] = sum(parts_mean[p] for p in exposed[label]) if label in exposed else d.get("measured_s")
         d["dimension"] = PLAN_DIMENSIONS.get(label, label)
@@ -530,25 +588,34 @@ def traffic_check(run: Run, ranks: list[RankSummary], parts_mean: dict[str, floa
     flagged = bool(tp_cross or dp_cross)
     advice = []
     if tp_cross:
-        advice.append(f"TP group {tp_cross[0]} spans nodes: TP communicates every layer; make TP divide the ranks "
-                      "per node (ranks of a TP group are contiguous) so it stays on HCCS.")  # fmt: skip
+        advice.append(
+            f"TP group {tp_cross[0]} spans nodes: TP communicates every layer; make TP divide the ranks "
+            "per node (ranks of a TP group are contiguous) so it stays on HCCS."
+        )
     if dp_cross:
-        advice.append(f"DP gradient-sync group {dp_cross[0]} spans nodes: its reduce runs at inter-node "
-                      "(RoCE) speed. Put PP across nodes before DP (raise PP / TP inside a node so DP "
-                      "groups shrink), and hide what remains with --overlap-grad-reduce and "
-                      "--use-distributed-optimizer.")  # fmt: skip
+        advice.append(
+            f"DP gradient-sync group {dp_cross[0]} spans nodes: its reduce runs at inter-node "
+            "(RoCE) speed. Put PP across nodes before DP (raise PP / TP inside a node so DP "
+            "groups shrink), and hide what remains with --overlap-grad-reduce and "
+            "--use-distributed-optimizer."
+        )
     if crossing.get("pp") and not flagged:
         advice.append("PP crosses nodes: fine, p2p is low-frequency; keep it that way.")
     if not advice:
         advice.append("all traffic is intra-node." if nnodes == 1 else "high-frequency groups stay inside nodes.")
     return TrafficCheck(
-        nodes=nnodes, dimensions=dims, crossing_groups={k: v for k, v in crossing.items() if v},
-        tp_crossing=tp_cross, grad_sync_crossing=dp_cross,
-        threshold="no TP or DP gradient-sync group spans nodes", verdict=_verdict(flagged),
-        plan_error=plan_error, assumed_gbps={"intra": intra, "inter": inter},
+        nodes=nnodes,
+        dimensions=dims,
+        crossing_groups={k: v for k, v in crossing.items() if v},
+        tp_crossing=tp_cross,
+        grad_sync_crossing=dp_cross,
+        threshold="no TP or DP gradient-sync group spans nodes",
+        verdict=_verdict(flagged),
+        plan_error=plan_error,
+        assumed_gbps={"intra": intra, "inter": inter},
         est_comm_s=({rp.rank: comm_plan.time_s(rp.rank) for rp in comm_plan.ranks} if comm_plan else None),
         advice=advice,
-    )  # fmt: skip
+    )
 
 
 def balance_check(run: Run, ranks: list[RankSummary], shape: RunShape) -> BalanceCheck:
@@ -572,29 +639,47 @@ def balance_check(run: Run, ranks: list[RankSummary], shape: RunShape) -> Balanc
     advice = []
     if stage_spread is not None and stage_spread > BALANCE_SPREAD_LIMIT and pp > 1:
         heavy = max(stages, key=lambda s: stages[s]["busy_s"])
-        advice.append(f"stage {heavy} is the busiest ({stage_spread:.2f}x the idlest): the first stage holds the "
-                      "embedding, the last the output layer and loss; with a large vocabulary prefer more layers per "
-                      "stage (fewer PP stages) or virtual stages (--num-layers-per-virtual-pipeline-stage); uneven "
-                      "splits (Megatron-LM's --decoder-first/last-pipeline-num-layers) are not supported by "
-                      "pretrain_gpt.py yet.")  # fmt: skip
+        advice.append(
+            f"stage {heavy} is the busiest ({stage_spread:.2f}x the idlest): the first stage holds the "
+            "embedding, the last the output layer and loss; with a large vocabulary prefer more layers per "
+            "stage (fewer PP stages) or virtual stages (--num-layers-per-virtual-pipeline-stage); uneven "
+            "splits (Megatron-LM's --decoder-first/last-pipeline-num-layers) are not supported by "
+            "pretrain_gpt.py yet."
+        )
     elif imbalance:
-        advice.append("ranks of one stage differ: a slow or shared card/host (check npu-smi for throttling, "
-                      "other jobs, CPU binding) or uneven data.")  # fmt: skip
+        advice.append(
+            "ranks of one stage differ: a slow or shared card/host (check npu-smi for throttling, "
+            "other jobs, CPU binding) or uneven data."
+        )
     if bubble_flag:
-        advice.append(f"bubble {worst_bubble:.0%} vs theory {theory:.0%}: more micro-batches per step (m={m}) "
-                      "or virtual pipeline stages cut it; excess over theory is stage imbalance or slow p2p.")  # fmt: skip
+        advice.append(
+            f"bubble {worst_bubble:.0%} vs theory {theory:.0%}: more micro-batches per step (m={m}) "
+            "or virtual pipeline stages cut it; excess over theory is stage imbalance or slow p2p."
+        )
     if not advice:
         advice.append("cards are evenly loaded.")
-    npu_smi = ({k: {"mean": _mean(v), "min": min(v), "max": max(v), "samples": len(v)} for k, v in run.npu_smi.items()}
-               if run.npu_smi else None)  # fmt: skip
+    npu_smi = (
+        {k: {"mean": _mean(v), "min": min(v), "max": max(v), "samples": len(v)} for k, v in run.npu_smi.items()}
+        if run.npu_smi
+        else None
+    )
     return BalanceCheck(
         busy_definition="compute + optimizer (forward+backward compute minus data wait and TP comm, plus the optimizer step)",
-        busy_s=busy, rank_spread=rank_spread, stages=stages, stage_spread=stage_spread,
-        bubble_formula="(pp-1)/(v*m+pp-1)", pp=pp, vpp=vpp, microbatches=m, bubble_theoretical=theory,
+        busy_s=busy,
+        rank_spread=rank_spread,
+        stages=stages,
+        stage_spread=stage_spread,
+        bubble_formula="(pp-1)/(v*m+pp-1)",
+        pp=pp,
+        vpp=vpp,
+        microbatches=m,
+        bubble_theoretical=theory,
         bubble_measured_worst=worst_bubble,
         threshold={"spread": BALANCE_SPREAD_LIMIT, "bubble_excess": BUBBLE_EXCESS_LIMIT},
-        verdict=_verdict(imbalance or bubble_flag), advice=advice, npu_smi_aicore_pct=npu_smi,
-    )  # fmt: skip
+        verdict=_verdict(imbalance or bubble_flag),
+        advice=advice,
+        npu_smi_aicore_pct=npu_smi,
+    )
 
 
 def data_loader_check(run: Run, ranks: list[RankSummary], m: int) -> DataLoaderCheck:
@@ -606,14 +691,28 @@ def data_loader_check(run: Run, ranks: list[RankSummary], m: int) -> DataLoaderC
     worst = max(share, key=share.get)
     flagged = share[worst] > DATA_WAIT_LIMIT
     advice = (
-        [f"rank {worst} waits {wait[worst] * 1e3:.1f} ms per step ({wait[worst] / m * 1e3:.1f} ms per micro-batch) "
-         f"for data: raise --num-workers (now {a.get('num_workers')}), use preprocessed indexed datasets "
-         "(megatron-npu preprocess) on local disk, keep tokenisation out of the loop"
-         + (f"; --data-loader-delay-ms {a.get('data_loader_delay_ms')} is set (test option)" if a.get("data_loader_delay_ms") else "")]
-        if flagged else ["the loader keeps up."]
-    )  # fmt: skip
-    return DataLoaderCheck(figure=share[worst], worst_rank=worst, wait_s_per_iteration=wait, share=share,
-                           threshold=DATA_WAIT_LIMIT, verdict=_verdict(flagged), advice=advice)  # fmt: skip
+        [
+            f"rank {worst} waits {wait[worst] * 1e3:.1f} ms per step ({wait[worst] / m * 1e3:.1f} ms per micro-batch) "
+            f"for data: raise --num-workers (now {a.get('num_workers')}), use preprocessed indexed datasets "
+            "(megatron-npu preprocess) on local disk, keep tokenisation out of the loop"
+            + (
+                f"; --data-loader-delay-ms {a.get('data_loader_delay_ms')} is set (test option)"
+                if a.get("data_loader_delay_ms")
+                else ""
+            )
+        ]
+        if flagged
+        else ["the loader keeps up."]
+    )
+    return DataLoaderCheck(
+        figure=share[worst],
+        worst_rank=worst,
+        wait_s_per_iteration=wait,
+        share=share,
+        threshold=DATA_WAIT_LIMIT,
+        verdict=_verdict(flagged),
+        advice=advice,
+    )
 
 
 def grad_reduction_check(run: Run, ranks: list[RankSummary], shape: RunShape, dp_cross: bool) -> GradReductionCheck:
@@ -631,22 +730,40 @@ def grad_reduction_check(run: Run, ranks: list[RankSummary], shape: RunShape, dp
         if not a.get("overlap_grad_reduce"):
             advice.append("--overlap-grad-reduce: reduce buckets during backward instead of after it.")
         else:
-            advice.append(f"--ddp-bucket-size (now {a.get('ddp_bucket_size') or 'default max(40M, 1M x DP) elements'}): "
-                          "smaller buckets start reducing earlier; too small costs per-call latency.")  # fmt: skip
+            advice.append(
+                f"--ddp-bucket-size (now {a.get('ddp_bucket_size') or 'default max(40M, 1M x DP) elements'}): "
+                "smaller buckets start reducing earlier; too small costs per-call latency."
+            )
         if not a.get("use_distributed_optimizer"):
-            advice.append("--use-distributed-optimizer: reduce-scatter + all-gather instead of all-reduce, "
-                          "optimizer state sharded over DP (add --overlap-param-gather).")  # fmt: skip
-        advice.append(f"more micro-batches per step (m={m}: raise --global-batch-size or lower --micro-batch-size) "
-                      "amortise the once-per-step reduction; gradient compression / less frequent sync for very large DP.")  # fmt: skip
+            advice.append(
+                "--use-distributed-optimizer: reduce-scatter + all-gather instead of all-reduce, "
+                "optimizer state sharded over DP (add --overlap-param-gather)."
+            )
+        advice.append(
+            f"more micro-batches per step (m={m}: raise --global-batch-size or lower --micro-batch-size) "
+            "amortise the once-per-step reduction; gradient compression / less frequent sync for very large DP."
+        )
         if dp_cross:
-            advice.append("the gradient-sync group crosses nodes (point 2): that reduce is bound by inter-node bandwidth.")
+            advice.append(
+                "the gradient-sync group crosses nodes (point 2): that reduce is bound by inter-node bandwidth."
+            )
     if not advice:
         advice.append("gradient reduction is cheap.")
-    return GradReductionCheck(figure=share[worst], worst_rank=worst, grad_reduce_s=grad, share=share, dp=dp,
-                              threshold=GRAD_SYNC_LIMIT, verdict=_verdict(flagged), advice=advice)  # fmt: skip
+    return GradReductionCheck(
+        figure=share[worst],
+        worst_rank=worst,
+        grad_reduce_s=grad,
+        share=share,
+        dp=dp,
+        threshold=GRAD_SYNC_LIMIT,
+        verdict=_verdict(flagged),
+        advice=advice,
+    )
 
 
-def analyse(run: Run, skip: int = 1, intra_gbps: float | None = None, inter_gbps: float | None = None) -> dict[str, Any]:
+def analyse(
+    run: Run, skip: int = 1, intra_gbps: float | None = None, inter_gbps: float | None = None
+) -> dict[str, Any]:
     """The report as a dict (what --json prints and the renderers read): the named steps above, joined."""
     from megatron_npu.layout.planner import HCCS_GBPS, ROCE_GBPS
 
@@ -671,18 +788,29 @@ def analyse(run: Run, skip: int = 1, intra_gbps: float | None = None, inter_gbps
     }
     return {
         "log_dir": str(run.log_dir),
-        "layout": {"world_size": len(ranks), "nodes": shape.nnodes, "tp": shape.tp, "pp": shape.pp, "dp": shape.dp,
-                   "vpp": shape.vpp if shape.vpp > 1 else None, "cp": int(run.args.get("context_parallel_size") or 1)},  # fmt: skip
+        "layout": {
+            "world_size": len(ranks),
+            "nodes": shape.nnodes,
+            "tp": shape.tp,
+            "pp": shape.pp,
+            "dp": shape.dp,
+            "vpp": shape.vpp if shape.vpp > 1 else None,
+            "cp": int(run.args.get("context_parallel_size") or 1),
+        },
         "timing_log_level": 2 if level2 else 1,
-        "iterations": iterations, "skipped_iterations": skip,
-        "parts": [key for key, _ in PARTS], "part_labels": dict(PARTS),
-        "mean_iteration_s": mean_it, "mean_parts_s": parts_mean,
+        "iterations": iterations,
+        "skipped_iterations": skip,
+        "parts": [key for key, _ in PARTS],
+        "part_labels": dict(PARTS),
+        "mean_iteration_s": mean_it,
+        "mean_parts_s": parts_mean,
         "metrics_iteration_s": _mean(metrics_it) if metrics_it else None,
         "add_up_error": add_up,
-        "ranks": [asdict(r) for r in ranks], "per_iteration": {str(k): v for k, v in sorted(per_iteration.items())},
+        "ranks": [asdict(r) for r in ranks],
+        "per_iteration": {str(k): v for k, v in sorted(per_iteration.items())},
         "checks": checks,
         "definitions": DEFINITIONS.strip(),
-    }  # fmt: skip
+    }
 
 
 # ---- rendering ----------------------------------------------------------------------------------------
@@ -693,9 +821,19 @@ TITLES = {
     "data_loader": "4. Data-loader stall",
     "grad_reduction": "5. Gradient reduction",
 }
-SHORT = {"compute": "compute", "data_wait": "data", "tp_comm": "tp", "tp_grad_sync": "tp-grad", "pp_wait": "pp-wait",
-         "embedding_sync": "embd", "grad_sync": "dp-grad", "param_gather": "p-gath", "optimizer": "optim",
-         "small_collectives": "small", "other": "other"}  # fmt: skip
+SHORT = {
+    "compute": "compute",
+    "data_wait": "data",
+    "tp_comm": "tp",
+    "tp_grad_sync": "tp-grad",
+    "pp_wait": "pp-wait",
+    "embedding_sync": "embd",
+    "grad_sync": "dp-grad",
+    "param_gather": "p-gath",
+    "optimizer": "optim",
+    "small_collectives": "small",
+    "other": "other",
+}
 
 
 def _ms(x: float | None) -> str:
@@ -712,42 +850,64 @@ def _pct(x: float | None) -> str:
 
 def breakdown_table(report: dict[str, Any]) -> list[str]:
     keys = report["parts"]
-    head = f"{'rank':>4} {'node':>4} {'tp':>2} {'pp':>2} {'dp':>2} {'iter ms':>8} " + " ".join(f"{SHORT[k]:>8}" for k in keys)
+    head = f"{'rank':>4} {'node':>4} {'tp':>2} {'pp':>2} {'dp':>2} {'iter ms':>8} " + " ".join(
+        f"{SHORT[k]:>8}" for k in keys
+    )
     out = [head, "-" * len(head)]
     for r in report["ranks"]:
-        out.append(f"{r['rank']:4d} {r['node']:4d} {r['tp_rank']:2d} {r['pp_rank']:2d} {r['dp_rank']:2d} {_ms(r['iteration_s']):>8} "
-                   + " ".join(f"{_ms(r['parts'][k]):>8}" for k in keys))  # fmt: skip
+        out.append(
+            f"{r['rank']:4d} {r['node']:4d} {r['tp_rank']:2d} {r['pp_rank']:2d} {r['dp_rank']:2d} {_ms(r['iteration_s']):>8} "
+            + " ".join(f"{_ms(r['parts'][k]):>8}" for k in keys)
+        )
     mp = report["mean_parts_s"]
-    out.append(f"{'mean':>4} {'':>4} {'':>2} {'':>2} {'':>2} {_ms(report['mean_iteration_s']):>8} " + " ".join(f"{_ms(mp[k]):>8}" for k in keys))
-    out.append(f"{'%':>4} {'':>4} {'':>2} {'':>2} {'':>2} {'100%':>8} "
-               + " ".join(f"{mp[k] / report['mean_iteration_s']:>8.1%}" for k in keys))  # fmt: skip
+    out.append(
+        f"{'mean':>4} {'':>4} {'':>2} {'':>2} {'':>2} {_ms(report['mean_iteration_s']):>8} "
+        + " ".join(f"{_ms(mp[k]):>8}" for k in keys)
+    )
+    out.append(
+        f"{'%':>4} {'':>4} {'':>2} {'':>2} {'':>2} {'100%':>8} "
+        + " ".join(f"{mp[k] / report['mean_iteration_s']:>8.1%}" for k in keys)
+    )
     return out
 
 
 def _check_lines(name: str, c: dict[str, Any], report: dict[str, Any]) -> list[str]:
     out: list[str] = []
     if name == "communication":
-        out.append(f"figure: {_pct(c['figure'])} of the iteration is exposed communication (mean over ranks; "
-                   f"max rank {_pct(c['max_rank_share'])}); threshold {_pct(c['threshold'])}")  # fmt: skip
-        out.append("by dimension: " + ", ".join(f"{k} {_ms(v)} ms ({_pct(c['by_dimension_share'][k])})" for k, v in c["by_dimension_s"].items()))
+        out.append(
+            f"figure: {_pct(c['figure'])} of the iteration is exposed communication (mean over ranks; "
+            f"max rank {_pct(c['max_rank_share'])}); threshold {_pct(c['threshold'])}"
+        )
+        out.append(
+            "by dimension: "
+            + ", ".join(f"{k} {_ms(v)} ms ({_pct(c['by_dimension_share'][k])})" for k, v in c["by_dimension_s"].items())
+        )
         if not c["measured_tp"]:
             out.append("(TP comm not measured at --timing-log-level 1; it is inside compute)")
     elif name == "traffic":
         out.append(f"{c['nodes']} node(s); threshold: {c['threshold']}")
-        out.append(f"  {'group':8} {'dimension':22} {'plan MB':>8} {'wire intra MB':>13} {'wire inter MB':>13} {'meas. MB':>8} "
-                   f"{'call ms':>8} {'exposed ms':>10}  crosses")  # fmt: skip
+        out.append(
+            f"  {'group':8} {'dimension':22} {'plan MB':>8} {'wire intra MB':>13} {'wire inter MB':>13} {'meas. MB':>8} "
+            f"{'call ms':>8} {'exposed ms':>10}  crosses"
+        )
         for label, d in c["dimensions"].items():
-            out.append(f"  {label:8} {d['dimension']:22} {_mb(d['planned_bytes']):>8} {_mb(d['wire_intra']):>13} {_mb(d['wire_inter']):>13} "
-                       f"{_mb(d.get('measured_bytes')):>8} {_ms(d.get('measured_s')):>8} {_ms(d.get('exposed_s')):>10}  "
-                       f"{'YES' if d['crosses_nodes'] else 'no'}")  # fmt: skip
-        out.append("  (per rank per iteration, mean over ranks; plan: megatron_npu.layout.planner; meas./call: level-2 "
-                   "counter, call = host time inside the calls; exposed: the timers' wait)")  # fmt: skip
+            out.append(
+                f"  {label:8} {d['dimension']:22} {_mb(d['planned_bytes']):>8} {_mb(d['wire_intra']):>13} {_mb(d['wire_inter']):>13} "
+                f"{_mb(d.get('measured_bytes')):>8} {_ms(d.get('measured_s')):>8} {_ms(d.get('exposed_s')):>10}  "
+                f"{'YES' if d['crosses_nodes'] else 'no'}"
+            )
+        out.append(
+            "  (per rank per iteration, mean over ranks; plan: megatron_npu.layout.planner; meas./call: level-2 "
+            "counter, call = host time inside the calls; exposed: the timers' wait)"
+        )
         if c["plan_error"]:
             out.append(f"  plan unavailable: {c['plan_error']}")
         elif c["est_comm_s"]:
             est = c["est_comm_s"]
-            out.append(f"  est. communication at {c['assumed_gbps']['intra']} / {c['assumed_gbps']['inter']} GB/s intra/inter "
-                       f"(ASSUMED, --intra-gbps/--inter-gbps): max {max(est.values()) * 1e3:.3f} ms per iteration, no overlap")  # fmt: skip
+            out.append(
+                f"  est. communication at {c['assumed_gbps']['intra']} / {c['assumed_gbps']['inter']} GB/s intra/inter "
+                f"(ASSUMED, --intra-gbps/--inter-gbps): max {max(est.values()) * 1e3:.3f} ms per iteration, no overlap"
+            )
         for kind, groups in c["crossing_groups"].items():
             out.append(f"  {kind} groups spanning nodes: {groups}")
     elif name == "balance":
@@ -757,20 +917,32 @@ def _check_lines(name: str, c: dict[str, Any], report: dict[str, Any]) -> list[s
         for s, d in c["stages"].items():
             out.append(f"  stage {s}: busy {_ms(d['busy_s'])} ms, bubble measured {_pct(d['bubble_measured'])}")
         if c["pp"] > 1:
-            out.append(f"bubble theory {c['bubble_formula']} = {_pct(c['bubble_theoretical'])} (pp={c['pp']}, v={c['vpp']}, "
-                       f"m={c['microbatches']}); worst measured {_pct(c['bubble_measured_worst'])}")  # fmt: skip
-        out.append(f"thresholds: spread <= {c['threshold']['spread']:.2f}x, bubble <= theory + {c['threshold']['bubble_excess']:.0%}")
+            out.append(
+                f"bubble theory {c['bubble_formula']} = {_pct(c['bubble_theoretical'])} (pp={c['pp']}, v={c['vpp']}, "
+                f"m={c['microbatches']}); worst measured {_pct(c['bubble_measured_worst'])}"
+            )
+        out.append(
+            f"thresholds: spread <= {c['threshold']['spread']:.2f}x, bubble <= theory + {c['threshold']['bubble_excess']:.0%}"
+        )
         for k, v in c.get("npu_smi_aicore_pct", {}).items():
-            out.append(f"  npu-smi {k}: AI Core {v['mean']:.0f}% mean ({v['min']:.0f}-{v['max']:.0f}%, {v['samples']} samples)")
+            out.append(
+                f"  npu-smi {k}: AI Core {v['mean']:.0f}% mean ({v['min']:.0f}-{v['max']:.0f}%, {v['samples']} samples)"
+            )
         if "npu_smi_aicore_pct" not in c:
-            out.append("AI Core utilisation: not sampled (on npu, while training: "
-                       "`npu-smi info -t usages -i CARD_ID` > RUN_DIR/npu_smi_cardN.txt)")  # fmt: skip
+            out.append(
+                "AI Core utilisation: not sampled (on npu, while training: "
+                "`npu-smi info -t usages -i CARD_ID` > RUN_DIR/npu_smi_cardN.txt)"
+            )
     elif name == "data_loader":
-        out.append(f"figure: rank {c['worst_rank']} waits {_ms(c['wait_s_per_iteration'][c['worst_rank']])} ms per iteration for data "
-                   f"= {_pct(c['figure'])}; threshold {_pct(c['threshold'])}")  # fmt: skip
+        out.append(
+            f"figure: rank {c['worst_rank']} waits {_ms(c['wait_s_per_iteration'][c['worst_rank']])} ms per iteration for data "
+            f"= {_pct(c['figure'])}; threshold {_pct(c['threshold'])}"
+        )
     elif name == "grad_reduction":
-        out.append(f"figure: rank {c['worst_rank']} spends {_ms(c['grad_reduce_s'][c['worst_rank']])} ms in DP grad reduce + param "
-                   f"all-gather = {_pct(c['figure'])} (DP={c['dp']}); threshold {_pct(c['threshold'])}")  # fmt: skip
+        out.append(
+            f"figure: rank {c['worst_rank']} spends {_ms(c['grad_reduce_s'][c['worst_rank']])} ms in DP grad reduce + param "
+            f"all-gather = {_pct(c['figure'])} (DP={c['dp']}); threshold {_pct(c['threshold'])}"
+        )
     out.append(f"verdict: {c['verdict']}")
     out += [f"advice: {line}" for line in c["advice"]]
     return out
@@ -780,15 +952,24 @@ def render_text(report: dict[str, Any]) -> str:
     lay = report["layout"]
     out = [
         f"megatron-npu perf-report: {report['log_dir']}",
-        f"TP={lay['tp']} PP={lay['pp']} DP={lay['dp']}" + (f" VPP={lay['vpp']}" if lay["vpp"] else "")
+        f"TP={lay['tp']} PP={lay['pp']} DP={lay['dp']}"
+        + (f" VPP={lay['vpp']}" if lay["vpp"] else "")
         + f" on {lay['nodes']} node(s), {lay['world_size']} ranks; timing level {report['timing_log_level']}; "
         f"iterations {report['iterations']} ("
-        + (f"first {report['skipped_iterations']} skipped: warm-up)" if report["skipped_iterations"] else "none skipped)"),
+        + (
+            f"first {report['skipped_iterations']} skipped: warm-up)"
+            if report["skipped_iterations"]
+            else "none skipped)"
+        ),
         "",
         "per-rank mean iteration breakdown (ms; the parts sum to the iteration):",
         *breakdown_table(report),
         f"the measured parts (all but 'other') add up to the measured iteration time within {report['add_up_error']:.2%} (worst rank)"
-        + (f"; metrics.jsonl (last rank) says {_ms(report['metrics_iteration_s'])} ms" if report["metrics_iteration_s"] else ""),
+        + (
+            f"; metrics.jsonl (last rank) says {_ms(report['metrics_iteration_s'])} ms"
+            if report["metrics_iteration_s"]
+            else ""
+        ),
     ]
     for name, title in TITLES.items():
         out += ["", title, *(f"  {line}" for line in _check_lines(name, report["checks"][name], report))]
@@ -800,28 +981,46 @@ def render_markdown(report: dict[str, Any], plots: list[Path], md_dir: Path) -> 
     keys = report["parts"]
     labels = report["part_labels"]
     out = [
-        "# Performance report", "",
-        f"`{report['log_dir']}`: TP={lay['tp']} PP={lay['pp']} DP={lay['dp']}" + (f" VPP={lay['vpp']}" if lay["vpp"] else "")
+        "# Performance report",
+        "",
+        f"`{report['log_dir']}`: TP={lay['tp']} PP={lay['pp']} DP={lay['dp']}"
+        + (f" VPP={lay['vpp']}" if lay["vpp"] else "")
         + f", {lay['world_size']} ranks on {lay['nodes']} node(s), timing level {report['timing_log_level']}, "
-        f"iterations {report['iterations']}.", "",
-        "| verdict | check | figure |", "|---|---|---|",
-    ]  # fmt: skip
+        f"iterations {report['iterations']}.",
+        "",
+        "| verdict | check | figure |",
+        "|---|---|---|",
+    ]
     figures = {
         "communication": _pct(report["checks"]["communication"]["figure"]),
-        "traffic": "TP/DP crossing nodes" if report["checks"]["traffic"]["verdict"] != "ok" else "high-frequency traffic intra-node",
+        "traffic": "TP/DP crossing nodes"
+        if report["checks"]["traffic"]["verdict"] != "ok"
+        else "high-frequency traffic intra-node",
         "balance": f"spread {report['checks']['balance']['rank_spread'] or 0:.2f}x",
         "data_loader": _pct(report["checks"]["data_loader"]["figure"]),
         "grad_reduction": _pct(report["checks"]["grad_reduction"]["figure"]),
     }
     for name, title in TITLES.items():
         out.append(f"| {report['checks'][name]['verdict']} | {title} | {figures[name]} |")
-    out += ["", "## Iteration breakdown (ms, mean per rank)", "",
-            "| rank | node | pp | iteration | " + " | ".join(labels[k] for k in keys) + " |",
-            "|" + "---|" * (4 + len(keys))]  # fmt: skip
+    out += [
+        "",
+        "## Iteration breakdown (ms, mean per rank)",
+        "",
+        "| rank | node | pp | iteration | " + " | ".join(labels[k] for k in keys) + " |",
+        "|" + "---|" * (4 + len(keys)),
+    ]
     for r in report["ranks"]:
-        out.append(f"| {r['rank']} | {r['node']} | {r['pp_rank']} | {_ms(r['iteration_s'])} | " + " | ".join(_ms(r["parts"][k]) for k in keys) + " |")
-    out += ["", f"The measured parts (all but 'other') add up to the measured iteration time within "
-            f"{report['add_up_error']:.2%} (worst rank).", ""]
+        out.append(
+            f"| {r['rank']} | {r['node']} | {r['pp_rank']} | {_ms(r['iteration_s'])} | "
+            + " | ".join(_ms(r["parts"][k]) for k in keys)
+            + " |"
+        )
+    out += [
+        "",
+        f"The measured parts (all but 'other') add up to the measured iteration time within "
+        f"{report['add_up_error']:.2%} (worst rank).",
+        "",
+    ]
     for name, title in TITLES.items():
         out += [f"## {title}", "", "```", *_check_lines(name, report["checks"][name], report), "```", ""]
     for plot in plots:
@@ -851,8 +1050,18 @@ def write_plots(report: dict[str, Any], directory: Path) -> list[Path]:
         ax.set_ylabel("ms")
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    stacked(ax, [f"r{r['rank']}\npp{r['pp_rank']} n{r['node']}" for r in report["ranks"]], [r["parts"] for r in report["ranks"]])
-    ax.plot(range(len(report["ranks"])), [r["iteration_s"] * 1e3 for r in report["ranks"]], "k_", markersize=30, label="iteration")
+    stacked(
+        ax,
+        [f"r{r['rank']}\npp{r['pp_rank']} n{r['node']}" for r in report["ranks"]],
+        [r["parts"] for r in report["ranks"]],
+    )
+    ax.plot(
+        range(len(report["ranks"])),
+        [r["iteration_s"] * 1e3 for r in report["ranks"]],
+        "k_",
+        markersize=30,
+        label="iteration",
+    )
     ax.set_title("mean iteration time per rank, by part")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
@@ -882,7 +1091,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
     p.add_argument("--markdown", type=Path, default=None, help="Markdown report (default RUN_DIR/perf_report.md)")
     p.add_argument("--plots-dir", type=Path, default=None, help="PNG plots (default RUN_DIR/perf_plots)")
-    p.add_argument("--skip-iterations", type=int, default=1, help="leading iterations to leave out (warm-up; default 1)")
+    p.add_argument(
+        "--skip-iterations", type=int, default=1, help="leading iterations to leave out (warm-up; default 1)"
+    )
     p.add_argument("--intra-gbps", type=float, default=None, help="intra-node GB/s for the planner's estimate")
     p.add_argument("--inter-gbps", type=float, default=None, help="inter-node GB/s for the planner's estimate")
     a = p.parse_args(argv)

@@ -25,9 +25,18 @@ from ..policy import IGNORED, REFUSED, TOKENIZER_TYPES, ConfigError, FlagPolicy,
 from .validation import validate_args
 
 __all__ = [
-    "FLAG_DESTS", "IGNORED", "REFUSED", "TOKENIZER_TYPES", "ConfigError", "FlagPolicy",
-    "build_parser", "known_flags", "parse_args", "refusal_for", "validate_args",
-]  # fmt: skip
+    "FLAG_DESTS",
+    "IGNORED",
+    "REFUSED",
+    "TOKENIZER_TYPES",
+    "ConfigError",
+    "FlagPolicy",
+    "build_parser",
+    "known_flags",
+    "parse_args",
+    "refusal_for",
+    "validate_args",
+]
 
 # ---------------------------------------------------------------------------------------
 # Parser
@@ -47,43 +56,81 @@ def _add_network_size_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(title="network size")
     g.add_argument("--num-layers", type=int, default=None, help="Number of transformer layers.")
     g.add_argument("--hidden-size", type=int, default=None, help="Transformer hidden size.")
-    g.add_argument("--ffn-hidden-size", type=int, default=None,
-                   help="Feed-forward hidden size; 4*hidden-size (int(8*h/3/64)*64 with --swiglu) if not given.")
+    g.add_argument(
+        "--ffn-hidden-size",
+        type=int,
+        default=None,
+        help="Feed-forward hidden size; 4*hidden-size (int(8*h/3/64)*64 with --swiglu) if not given.",
+    )
     g.add_argument("--num-attention-heads", type=int, default=None, help="Number of attention heads.")
-    g.add_argument("--attention-backend", type=str, default="auto",
-                   choices=["flash", "fused", "unfused", "local", "auto"],
-                   help="Attention backend (accepted; the device picks the kernel).")
-    g.add_argument("--kv-channels", type=int, default=None,
-                   help="Projection size per head; hidden-size // num-attention-heads if not given.")
+    g.add_argument(
+        "--attention-backend",
+        type=str,
+        default="auto",
+        choices=["flash", "fused", "unfused", "local", "auto"],
+        help="Attention backend (accepted; the device picks the kernel).",
+    )
+    g.add_argument(
+        "--kv-channels",
+        type=int,
+        default=None,
+        help="Projection size per head; hidden-size // num-attention-heads if not given.",
+    )
     g.add_argument("--group-query-attention", action="store_true", help="Use group-query attention.")
     g.add_argument("--num-query-groups", type=int, default=1)
-    g.add_argument("--max-position-embeddings", type=int, default=None,
-                   help="Size of the position embedding; --seq-length if not given.")
-    g.add_argument("--position-embedding-type", type=str, default="learned_absolute",
-                   choices=["learned_absolute", "rope", "none"], help="Position embedding type.")
-    g.add_argument("--use-rotary-position-embeddings", action="store_true",
-                   help="Deprecated: use --position-embedding-type rope.")
+    g.add_argument(
+        "--max-position-embeddings",
+        type=int,
+        default=None,
+        help="Size of the position embedding; --seq-length if not given.",
+    )
+    g.add_argument(
+        "--position-embedding-type",
+        type=str,
+        default="learned_absolute",
+        choices=["learned_absolute", "rope", "none"],
+        help="Position embedding type.",
+    )
+    g.add_argument(
+        "--use-rotary-position-embeddings", action="store_true", help="Deprecated: use --position-embedding-type rope."
+    )
     g.add_argument("--rotary-base", type=int, default=10000, help="Base of rotary embeddings.")
     g.add_argument("--rotary-percent", type=float, default=1.0, help="Percent of rotary dimension to use.")
     g.add_argument("--rotary-interleaved", action="store_true", help="Use interleaved rotary embedding.")
-    g.add_argument("--rotary-seq-len-interpolation-factor", type=int, default=None,
-                   help="Sequence length interpolation factor for rotary embeddings.")
+    g.add_argument(
+        "--rotary-seq-len-interpolation-factor",
+        type=int,
+        default=None,
+        help="Sequence length interpolation factor for rotary embeddings.",
+    )
     g.add_argument("--use-rope-scaling", action="store_true", help="Apply rope scaling as used in llama3.x.")
     g.add_argument("--rope-scaling-factor", type=float, default=8.0, help="Rope scaling factor (llama3.x).")
-    g.add_argument("--no-position-embedding", action="store_false", dest="add_position_embedding",
-                   help="Deprecated: use --position-embedding-type.")
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
-                   help="Pad the vocab size to be divisible by this value.")
+    g.add_argument(
+        "--no-position-embedding",
+        action="store_false",
+        dest="add_position_embedding",
+        help="Deprecated: use --position-embedding-type.",
+    )
+    g.add_argument(
+        "--make-vocab-size-divisible-by",
+        type=int,
+        default=128,
+        help="Pad the vocab size to be divisible by this value.",
+    )
     g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
     g.add_argument("--norm-epsilon", type=float, default=1e-5, help="Epsilon for layer norm and RMS norm.")
     g.add_argument("--apply-layernorm-1p", action="store_true", help="Zero-centered LayerNorm weights.")
-    g.add_argument("--apply-residual-connection-post-layernorm", action="store_true",
-                   help="Use original BERT residual connection ordering.")
+    g.add_argument(
+        "--apply-residual-connection-post-layernorm",
+        action="store_true",
+        help="Use original BERT residual connection ordering.",
+    )
     g.add_argument("--openai-gelu", action="store_true", help="Use OpenAI's GeLU implementation.")
     g.add_argument("--squared-relu", action="store_true", help="Use squared relu instead of gelu.")
     g.add_argument("--swiglu", action="store_true", help="Use gated linear units and SiLU.")
-    g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
-                   help="Untie embeddings and output weights.")
+    g.add_argument(
+        "--untie-embeddings-and-output-weights", action="store_true", help="Untie embeddings and output weights."
+    )
 
 
 def _add_regularization_args(p: argparse.ArgumentParser) -> None:
@@ -93,8 +140,13 @@ def _add_regularization_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weight-decay", type=float, default=0.01, help="Weight decay coefficient.")
     g.add_argument("--start-weight-decay", type=float, help="Initial weight decay coefficient.")
     g.add_argument("--end-weight-decay", type=float, help="End of run weight decay coefficient.")
-    g.add_argument("--weight-decay-incr-style", type=str, default="constant",
-                   choices=["constant", "linear", "cosine"], help="Weight decay increment function.")
+    g.add_argument(
+        "--weight-decay-incr-style",
+        type=str,
+        default="constant",
+        choices=["constant", "linear", "cosine"],
+        help="Weight decay increment function.",
+    )
     g.add_argument("--clip-grad", type=float, default=1.0, help="Gradient clipping on global L2 norm.")
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.999)
@@ -106,38 +158,63 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(title="training")
     g.add_argument("--micro-batch-size", type=int, default=None, help="Batch size per model instance.")
     g.add_argument("--batch-size", type=int, default=None, help="Old batch size parameter, do not use.")
-    g.add_argument("--global-batch-size", type=int, default=None,
-                   help="Training batch size; micro-batch-size * data-parallel-size if not given.")
-    g.add_argument("--rampup-batch-size", nargs="*", default=None,
-                   help="<start batch size> <batch size increment> <ramp-up samples>.")
-    g.add_argument("--step-batch-size-schedule", nargs="+", default=None, metavar="ITER:GBS",
-                   help=_EXT + "Step changes of the global batch size, e.g. '0:32 1000:64' "
-                   "(iteration-based training; parsed into a list of (iteration, global batch size)).")
-    g.add_argument("--recompute-activations", action="store_true",
-                   help="Recompute activations (selective granularity).")
+    g.add_argument(
+        "--global-batch-size",
+        type=int,
+        default=None,
+        help="Training batch size; micro-batch-size * data-parallel-size if not given.",
+    )
+    g.add_argument(
+        "--rampup-batch-size",
+        nargs="*",
+        default=None,
+        help="<start batch size> <batch size increment> <ramp-up samples>.",
+    )
+    g.add_argument(
+        "--step-batch-size-schedule",
+        nargs="+",
+        default=None,
+        metavar="ITER:GBS",
+        help=_EXT + "Step changes of the global batch size, e.g. '0:32 1000:64' "
+        "(iteration-based training; parsed into a list of (iteration, global batch size)).",
+    )
+    g.add_argument(
+        "--recompute-activations", action="store_true", help="Recompute activations (selective granularity)."
+    )
     g.add_argument("--recompute-granularity", type=str, default=None, choices=["full", "selective"])
-    g.add_argument("--no-check-for-nan-in-loss-and-grad", action="store_false",
-                   dest="check_for_nan_in_loss_and_grad", help="Do not check for NaNs in loss and grad.")
+    g.add_argument(
+        "--no-check-for-nan-in-loss-and-grad",
+        action="store_false",
+        dest="check_for_nan_in_loss_and_grad",
+        help="Do not check for NaNs in loss and grad.",
+    )
     g.add_argument("--check-for-spiky-loss", action="store_true", dest="check_for_spiky_loss")
     g.add_argument("--check-for-large-grads", action="store_true", dest="check_for_large_grads")
-    g.add_argument("--distribute-saved-activations", action="store_true",
-                   help="Distribute recomputed activations across the model parallel group.")
+    g.add_argument(
+        "--distribute-saved-activations",
+        action="store_true",
+        help="Distribute recomputed activations across the model parallel group.",
+    )
     g.add_argument("--recompute-method", type=str, default=None, choices=["uniform", "block"])
     g.add_argument("--recompute-num-layers", type=int, default=None)
     g.add_argument("--recompute-modules", nargs="*", type=str, default=None)
-    g.add_argument("--no-clone-scatter-output-in-embedding", action="store_false",
-                   dest="clone_scatter_output_in_embedding")
+    g.add_argument(
+        "--no-clone-scatter-output-in-embedding", action="store_false", dest="clone_scatter_output_in_embedding"
+    )
     g.add_argument("--profile", action="store_true", help="Enable profiling between the profile steps.")
     g.add_argument("--profile-step-start", type=int, default=10, help="Global step to start profiling.")
     g.add_argument("--profile-step-end", type=int, default=12, help="Global step to stop profiling.")
     g.add_argument("--iterations-to-skip", nargs="+", type=int, default=[])
-    g.add_argument("--use-pytorch-profiler", action="store_true", dest="use_pytorch_profiler",
-                   help="Use the built-in pytorch profiler.")
+    g.add_argument(
+        "--use-pytorch-profiler",
+        action="store_true",
+        dest="use_pytorch_profiler",
+        help="Use the built-in pytorch profiler.",
+    )
     g.add_argument("--profile-ranks", nargs="+", type=int, default=[0], help="Global ranks to profile.")
     g.add_argument("--record-memory-history", action="store_true", default=False)
     g.add_argument("--memory-snapshot-path", type=str, default="snapshot.pickle")
-    g.add_argument("--use-cpu-initialization", action="store_true", default=None,
-                   help="Initialize weights on the CPU.")
+    g.add_argument("--use-cpu-initialization", action="store_true", default=None, help="Initialize weights on the CPU.")
     g.add_argument("--empty-unused-memory-level", default=0, type=int, choices=[0, 1, 2])
     g.add_argument("--deterministic-mode", action="store_true")
     g.add_argument("--check-weight-hash-across-dp-replicas-interval", type=int, default=None)
@@ -156,23 +233,37 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-bias-swiglu-fusion", action="store_false", dest="bias_swiglu_fusion")
     g.add_argument("--no-bias-dropout-fusion", action="store_false", dest="bias_dropout_fusion")
     g.add_argument("--no-rope-fusion", action="store_false", dest="apply_rope_fusion")
-    g.add_argument("--apply-rope-fusion", action="store_true", dest="apply_rope_fusion",
-                   help="Legacy spelling (rope fusion is on by default).")
+    g.add_argument(
+        "--apply-rope-fusion",
+        action="store_true",
+        dest="apply_rope_fusion",
+        help="Legacy spelling (rope fusion is on by default).",
+    )
     g.add_argument("--cross-entropy-loss-fusion", action="store_true", dest="cross_entropy_loss_fusion")
     g.add_argument("--use-flash-attn", action="store_true", help="Use a flash attention kernel.")
-    g.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear",
-                   help="Disable bias in the linear layers.")
-    g.add_argument("--add-qkv-bias", action="store_true", dest="add_qkv_bias",
-                   help="Enable bias only in the QKV linear layers.")
+    g.add_argument(
+        "--disable-bias-linear", action="store_false", dest="add_bias_linear", help="Disable bias in the linear layers."
+    )
+    g.add_argument(
+        "--add-qkv-bias", action="store_true", dest="add_qkv_bias", help="Enable bias only in the QKV linear layers."
+    )
     g.add_argument("--optimizer", type=str, default="adam", choices=["adam", "sgd"])
     g.add_argument("--dataloader-type", type=str, default=None, choices=["single", "cyclic", "external"])
-    g.add_argument("--no-async-tensor-model-parallel-allreduce", action="store_false",
-                   dest="async_tensor_model_parallel_allreduce", help="Deprecated; ignored.")
+    g.add_argument(
+        "--no-async-tensor-model-parallel-allreduce",
+        action="store_false",
+        dest="async_tensor_model_parallel_allreduce",
+        help="Deprecated; ignored.",
+    )
     g.add_argument("--no-persist-layer-norm", action="store_true")
     g.add_argument("--sequence-parallel", action="store_true", help="Enable sequence parallelism.")
     g.add_argument("--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion")
-    g.add_argument("--use-mcore-models", action="store_true", dest="deprecated_use_mcore_models",
-                   help="Deprecated no-op: megatron-core models are always used.")
+    g.add_argument(
+        "--use-mcore-models",
+        action="store_true",
+        dest="deprecated_use_mcore_models",
+        help="Deprecated no-op: megatron-core models are always used.",
+    )
     g.add_argument("--manual-gc", action="store_true")
     g.add_argument("--manual-gc-interval", type=int, default=0)
     g.add_argument("--no-manual-gc-eval", action="store_false", dest="manual_gc_eval")
@@ -189,10 +280,13 @@ def _add_initialization_args(p: argparse.ArgumentParser) -> None:
 def _add_learning_rate_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(title="learning rate")
     g.add_argument("--lr", type=float, default=None, help="Initial (peak) learning rate.")
-    g.add_argument("--lr-decay-style", type=str, default="linear",
-                   choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
-    g.add_argument("--lr-wsd-decay-style", type=str, default="exponential",
-                   choices=["exponential", "linear", "cosine"])
+    g.add_argument(
+        "--lr-decay-style",
+        type=str,
+        default="linear",
+        choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
+    )
+    g.add_argument("--lr-wsd-decay-style", type=str, default="exponential", choices=["exponential", "linear", "cosine"])
     g.add_argument("--lr-decay-iters", type=int, default=None)
     g.add_argument("--lr-decay-samples", type=int, default=None)
     g.add_argument("--lr-wsd-decay-samples", type=int, default=None)
@@ -203,10 +297,18 @@ def _add_learning_rate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lr-warmup-init", type=float, default=0.0)
     g.add_argument("--warmup", type=int, default=None, help="Old lr warmup argument, do not use.")
     g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler", action="store_true",
-                   dest="override_opt_param_scheduler")
-    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
-                   action="store_true", dest="use_checkpoint_opt_param_scheduler")
+    g.add_argument(
+        "--override-opt_param-scheduler",
+        "--override-opt-param-scheduler",
+        action="store_true",
+        dest="override_opt_param_scheduler",
+    )
+    g.add_argument(
+        "--use-checkpoint-opt_param-scheduler",
+        "--use-checkpoint-opt-param-scheduler",
+        action="store_true",
+        dest="use_checkpoint_opt_param_scheduler",
+    )
     g.add_argument("--decoupled-lr", type=float, default=None)
     g.add_argument("--decoupled-min-lr", type=float, default=None)
 
@@ -228,20 +330,36 @@ def _add_checkpointing_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--use-checkpoint-args", action="store_true")
     g.add_argument("--use-mp-args-from-checkpoint-args", action="store_true")
     g.add_argument("--exit-on-missing-checkpoint", action="store_true")
-    g.add_argument("--use-dist-ckpt", action="store_true", dest="use_dist_ckpt_deprecated",
-                   help="Deprecated: see --ckpt-format.")
+    g.add_argument(
+        "--use-dist-ckpt", action="store_true", dest="use_dist_ckpt_deprecated", help="Deprecated: see --ckpt-format."
+    )
     g.add_argument("--auto-detect-ckpt-format", action="store_true")
     g.add_argument("--dist-ckpt-format", dest="dist_ckpt_format_deprecated", help="Deprecated: see --ckpt-format.")
-    g.add_argument("--ckpt-format", default="torch_dist",
-                   choices=["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"],
-                   help="Checkpoint format; only torch_dist is supported here.")
+    g.add_argument(
+        "--ckpt-format",
+        default="torch_dist",
+        choices=["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"],
+        help="Checkpoint format; only torch_dist is supported here.",
+    )
     g.add_argument("--ckpt-fully-parallel-save", action="store_true", dest="ckpt_fully_parallel_save_deprecated")
     g.add_argument("--no-ckpt-fully-parallel-save", action="store_false", dest="ckpt_fully_parallel_save")
     g.add_argument("--ckpt-fully-parallel-load", action="store_true")
     g.add_argument("--ckpt-assume-constant-structure", action="store_true")
-    g.add_argument("--dist-ckpt-strictness", type=str, default="assume_ok_unexpected",
-                   choices=["assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected",
-                            "raise_all", "return_unexpected", "return_all", "ignore_all"])
+    g.add_argument(
+        "--dist-ckpt-strictness",
+        type=str,
+        default="assume_ok_unexpected",
+        choices=[
+            "assume_ok_unexpected",
+            "log_unexpected",
+            "log_all",
+            "raise_unexpected",
+            "raise_all",
+            "return_unexpected",
+            "return_all",
+            "ignore_all",
+        ],
+    )
 
 
 def _add_mixed_precision_args(p: argparse.ArgumentParser) -> None:
@@ -268,14 +386,26 @@ def _add_distributed_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model-parallel-size", type=int, default=None, help="Old argument, do not use.")
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
     g.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
-    g.add_argument("--microbatch-group-size-per-virtual-pipeline-stage", type=int, default=None,
-                   dest="microbatch_group_size_per_vp_stage",
-                   help="Contiguous microbatches per virtual pipeline stage; pipeline size if not given.")
+    g.add_argument(
+        "--microbatch-group-size-per-virtual-pipeline-stage",
+        type=int,
+        default=None,
+        dest="microbatch_group_size_per_vp_stage",
+        help="Contiguous microbatches per virtual pipeline stage; pipeline size if not given.",
+    )
     g.add_argument("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm")
-    g.add_argument("--overlap-p2p-communication-warmup-flush", action="store_true", default=False,
-                   dest="overlap_p2p_comm_warmup_flush")
-    g.add_argument("--distributed-backend", default="nccl", choices=["nccl", "hccl", "gloo"],
-                   help="Collective backend; nccl is mapped to the device's backend (hccl on Ascend).")
+    g.add_argument(
+        "--overlap-p2p-communication-warmup-flush",
+        action="store_true",
+        default=False,
+        dest="overlap_p2p_comm_warmup_flush",
+    )
+    g.add_argument(
+        "--distributed-backend",
+        default="nccl",
+        choices=["nccl", "hccl", "gloo"],
+        help="Collective backend; nccl is mapped to the device's backend (hccl on Ascend).",
+    )
     g.add_argument("--distributed-timeout-minutes", type=int, default=10)
     g.add_argument("--overlap-grad-reduce", action="store_true", default=False)
     g.add_argument("--defer-embedding-wgrad-compute", action="store_true", default=False)
@@ -287,8 +417,9 @@ def _add_distributed_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ddp-average-in-collective", action="store_true", default=False)
     g.add_argument("--overlap-param-gather", action="store_true", default=False)
     g.add_argument("--no-align-param-gather", action="store_false", dest="align_param_gather")
-    g.add_argument("--no-scatter-gather-tensors-in-pipeline", action="store_false",
-                   dest="scatter_gather_tensors_in_pipeline")
+    g.add_argument(
+        "--no-scatter-gather-tensors-in-pipeline", action="store_false", dest="scatter_gather_tensors_in_pipeline"
+    )
     g.add_argument("--local-rank", type=int, default=int(os.getenv("LOCAL_RANK", "0")))
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--num-distributed-optimizer-instances", type=int, default=1)
@@ -297,8 +428,12 @@ def _add_distributed_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--use-tp-pp-dp-mapping", action="store_true", default=False)
     g.add_argument("--expert-model-parallel-size", type=int, default=1)
     g.add_argument("--num-experts", type=int, default=None)
-    g.add_argument("--transformer-impl", default="local", choices=["local", "transformer_engine"],
-                   help="Transformer implementation; only local (the default here) is supported.")
+    g.add_argument(
+        "--transformer-impl",
+        default="local",
+        choices=["local", "transformer_engine"],
+        help="Transformer implementation; only local (the default here) is supported.",
+    )
     g.add_argument("--cuda-graph-impl", type=str, default="none", choices=["none", "local", "transformer_engine"])
 
 
@@ -311,8 +446,9 @@ def _add_validation_args(p: argparse.ArgumentParser) -> None:
 
 def _add_data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(title="data and dataloader")
-    g.add_argument("--data-path", nargs="*", default=None,
-                   help="A prefix, prefixes, or weight-prefix pairs (w1 p1 w2 p2).")
+    g.add_argument(
+        "--data-path", nargs="*", default=None, help="A prefix, prefixes, or weight-prefix pairs (w1 p1 w2 p2)."
+    )
     g.add_argument("--split", type=str, default=None, help="e.g. 969,30,1 (the default with --data-path).")
     g.add_argument("--train-data-path", nargs="*", default=None)
     g.add_argument("--valid-data-path", nargs="*", default=None)
@@ -325,11 +461,16 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--reset-position-ids", action="store_true")
     g.add_argument("--reset-attention-mask", action="store_true")
     g.add_argument("--eod-mask-loss", action="store_true")
-    g.add_argument("--no-create-attention-mask-in-dataloader", action="store_false",
-                   dest="create_attention_mask_in_dataloader")
+    g.add_argument(
+        "--no-create-attention-mask-in-dataloader", action="store_false", dest="create_attention_mask_in_dataloader"
+    )
     g.add_argument("--num-dataset-builder-threads", type=int, default=1)
-    g.add_argument("--data-loader-delay-ms", type=float, default=0.0,
-                   help=_EXT + "test only: sleep this long per batch to simulate a slow data loader.")
+    g.add_argument(
+        "--data-loader-delay-ms",
+        type=float,
+        default=0.0,
+        help=_EXT + "test only: sleep this long per batch to simulate a slow data loader.",
+    )
 
 
 def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
@@ -339,8 +480,12 @@ def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--merge-file", type=str, default=None)
     g.add_argument("--vocab-extra-ids", type=int, default=0)
     g.add_argument("--tokenizer-type", type=str, default=None, choices=list(TOKENIZER_TYPES))
-    g.add_argument("--tokenizer-model", type=str, default=None,
-                   help="SentencePiece model file, or a local HuggingFace tokenizer directory.")
+    g.add_argument(
+        "--tokenizer-model",
+        type=str,
+        default=None,
+        help="SentencePiece model file, or a local HuggingFace tokenizer directory.",
+    )
     g.add_argument("--tiktoken-pattern", type=str, default=None)
 
 
@@ -366,16 +511,24 @@ def _add_logging_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--wandb-save-dir", type=str, default="")
     g.add_argument("--wandb-entity", type=str, default="")
     g.add_argument("--logging-level", type=int, default=None)
-    g.add_argument("--log-dir", type=str, default=None,
-                   help=_EXT + "directory for the timers JSON and layout.json (the trainer picks one if not given).")
+    g.add_argument(
+        "--log-dir",
+        type=str,
+        default=None,
+        help=_EXT + "directory for the timers JSON and layout.json (the trainer picks one if not given).",
+    )
 
 
 def _add_misc_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(title="vision / experimental (GPT-relevant subset)")
     g.add_argument("--qk-layernorm", action="store_true", help="Layer-normalize q and k.")
-    g.add_argument("--yaml-cfg", type=str, default=None,
-                   help="YAML file of argument values (keys: dests or flag names without dashes, flat or "
-                   "in sections); explicit command-line flags win over it.")
+    g.add_argument(
+        "--yaml-cfg",
+        type=str,
+        default=None,
+        help="YAML file of argument values (keys: dests or flag names without dashes, flat or "
+        "in sections); explicit command-line flags win over it.",
+    )
     g.add_argument("--spec", type=str, default=None, nargs="*", help="Accepted for compatibility; must be unset.")
 
 

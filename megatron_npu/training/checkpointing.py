@@ -36,10 +36,19 @@ TRACKER = "latest_checkpointed_iteration.txt"
 DIST_OPT_FORMAT = {"distrib_optim_sharding_type": "fully_reshardable"}
 # Arguments that fix the shape of the saved tensors: a mismatch is a user error.
 MODEL_SHAPE_ARGS = (
-    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-    "kv_channels", "padded_vocab_size", "normalization", "swiglu", "add_bias_linear",
-    "untie_embeddings_and_output_weights", "position_embedding_type",
-)  # fmt: skip
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "kv_channels",
+    "padded_vocab_size",
+    "normalization",
+    "swiglu",
+    "add_bias_linear",
+    "untie_embeddings_and_output_weights",
+    "position_embedding_type",
+)
 
 
 def checkpoint_dir(root: str, iteration: int) -> str:
@@ -101,7 +110,10 @@ def _sharded_state(model: list, optimizer: Any, scheduler: Any, *, optim: bool, 
         state["rng_state"] = ShardedObject(
             "rng_state",
             [_rng_state()],
-            (parallel_state.get_pipeline_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_world_size()),
+            (
+                parallel_state.get_pipeline_model_parallel_world_size(),
+                parallel_state.get_tensor_model_parallel_world_size(),
+            ),
             (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()),
             replica_id=parallel_state.get_data_parallel_rank(),
         )
@@ -118,7 +130,9 @@ def save_checkpoint(iteration: int, model: list, optimizer: Any, scheduler: Any,
         shutil.rmtree(partial, ignore_errors=True)  # a save killed earlier
         os.makedirs(partial)
     dist.barrier()
-    state = _sharded_state(model, optimizer, scheduler, optim=not args.no_save_optim, rng=not args.no_save_rng, loading=False)
+    state = _sharded_state(
+        model, optimizer, scheduler, optim=not args.no_save_optim, rng=not args.no_save_rng, loading=False
+    )
     state.update(
         iteration=iteration,
         consumed_train_samples=args.consumed_train_samples,
@@ -173,8 +187,10 @@ def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.
         return 0
     directory = checkpoint_dir(root, iteration)
     if not os.path.isdir(directory):
-        raise ConfigError(f"--load {root}: no checkpoint directory {os.path.basename(directory)}"
-                          + (" (--ckpt-step)" if args.ckpt_step is not None else f" (named by {TRACKER})"))
+        raise ConfigError(
+            f"--load {root}: no checkpoint directory {os.path.basename(directory)}"
+            + (" (--ckpt-step)" if args.ckpt_step is not None else f" (named by {TRACKER})")
+        )
     common = dist_checkpointing.load_common_state_dict(directory)
     _check_model_shape(common.get("model_shape", {}), args, directory)
     same_layout = {k: v for k, v in common["layout"].items() if k != "dp"} == {
@@ -185,8 +201,10 @@ def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.
     saved_dist_opt = common.get("distributed_optimizer", args.use_distributed_optimizer)
     if load_optim and saved_dist_opt != args.use_distributed_optimizer:
         given = "--use-distributed-optimizer" if saved_dist_opt else "no --use-distributed-optimizer"
-        raise ConfigError(f"checkpoint {directory} holds {'distributed ' if saved_dist_opt else ''}optimizer state "
-                          f"saved with {given}: train with the same setting, or pass --no-load-optim")
+        raise ConfigError(
+            f"checkpoint {directory} holds {'distributed ' if saved_dist_opt else ''}optimizer state "
+            f"saved with {given}: train with the same setting, or pass --no-load-optim"
+        )
     if not same_layout:
         print_rank_0(f"  loading a {common['layout']} checkpoint into {_layout()}: resharding; RNG states start fresh")
     state = _sharded_state(model, optimizer, scheduler, optim=load_optim, rng=load_rng, loading=True)
@@ -198,10 +216,12 @@ def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.
         try:
             scheduler.load_state_dict(state["opt_param_scheduler"])
         except AssertionError as error:  # megatron-core asserts on a changed schedule; say which flags
-            raise ConfigError(f"checkpoint {directory}: the learning-rate schedule differs ({error}); pass the "
-                              "schedule flags it was saved with (--train-iters, --lr, --min-lr, --lr-decay-*, "
-                              "--lr-warmup-*), or --use-checkpoint-opt-param-scheduler to keep its schedule, "
-                              "or --override-opt-param-scheduler to take yours") from None
+            raise ConfigError(
+                f"checkpoint {directory}: the learning-rate schedule differs ({error}); pass the "
+                "schedule flags it was saved with (--train-iters, --lr, --min-lr, --lr-decay-*, "
+                "--lr-warmup-*), or --use-checkpoint-opt-param-scheduler to keep its schedule, "
+                "or --override-opt-param-scheduler to take yours"
+            ) from None
     if load_rng:
         _set_rng_state(state["rng_state"][0] if isinstance(state["rng_state"], list) else state["rng_state"])
     if args.finetune:

@@ -334,18 +334,34 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
         flops = num_floating_point_operations(args, batch_size)
         lr, decoupled_lr = learning_rates(trainer.optimizer)
         loss_scale = trainer.optimizer.get_loss_scale().item()
-        timer_log.write(iteration, elapsed, {"num_microbatches": get_num_microbatches(), "updated": updated,
-                                             "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
-                                             "tp_rank": parallel_state.get_tensor_model_parallel_rank(),
-                                             "dp_rank": parallel_state.get_data_parallel_rank()})  # fmt: skip
+        timer_log.write(
+            iteration,
+            elapsed,
+            {
+                "num_microbatches": get_num_microbatches(),
+                "updated": updated,
+                "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
+                "tp_rank": parallel_state.get_tensor_model_parallel_rank(),
+                "dp_rank": parallel_state.get_data_parallel_rank(),
+            },
+        )
         throughput = flops / (elapsed * 1e12 * args.world_size)
-        metrics.train(iteration, args.consumed_train_samples, {
-            "lm_loss": loss_values.get("lm loss"), "learning_rate": lr, "decoupled_learning_rate": decoupled_lr,
-            "global_batch_size": batch_size,
-            "loss_scale": loss_scale, "grad_norm": grad_norm, "iteration_s": elapsed,
-            "throughput_tflops": throughput, "skipped_iterations": trainer.skipped_iterations,
-            "nan_iterations": trainer.nan_iterations,
-        })  # fmt: skip
+        metrics.train(
+            iteration,
+            args.consumed_train_samples,
+            {
+                "lm_loss": loss_values.get("lm loss"),
+                "learning_rate": lr,
+                "decoupled_learning_rate": decoupled_lr,
+                "global_batch_size": batch_size,
+                "loss_scale": loss_scale,
+                "grad_norm": grad_norm,
+                "iteration_s": elapsed,
+                "throughput_tflops": throughput,
+                "skipped_iterations": trainer.skipped_iterations,
+                "nan_iterations": trainer.nan_iterations,
+            },
+        )
         interval["time"] += elapsed
         interval["iters"] += 1
         interval["flops"] += flops
@@ -355,16 +371,25 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
         if iteration % args.log_interval == 0:
             per_iter = interval["time"] / interval["iters"]
             tflops = interval["flops"] / (interval["time"] * 1e12 * args.world_size)
-            print_rank_last(iteration_line(
-                iteration=iteration, train_iters=train_iters, consumed_samples=args.consumed_train_samples,
-                elapsed_s=per_iter, throughput_tflops=tflops if args.log_throughput else None,
-                mfu=tflops / peak if (peak and args.log_throughput) else None, learning_rate=lr,
-                decoupled_learning_rate=decoupled_lr,
-                global_batch_size=batch_size,
-                losses={k: v / interval["iters"] for k, v in interval["losses"].items()},
-                loss_scale=loss_scale, grad_norm=grad_norm, num_zeros=num_zeros,
-                skipped=trainer.skipped_iterations, nans=trainer.nan_iterations,
-            ))  # fmt: skip
+            print_rank_last(
+                iteration_line(
+                    iteration=iteration,
+                    train_iters=train_iters,
+                    consumed_samples=args.consumed_train_samples,
+                    elapsed_s=per_iter,
+                    throughput_tflops=tflops if args.log_throughput else None,
+                    mfu=tflops / peak if (peak and args.log_throughput) else None,
+                    learning_rate=lr,
+                    decoupled_learning_rate=decoupled_lr,
+                    global_batch_size=batch_size,
+                    losses={k: v / interval["iters"] for k, v in interval["losses"].items()},
+                    loss_scale=loss_scale,
+                    grad_norm=grad_norm,
+                    num_zeros=num_zeros,
+                    skipped=trainer.skipped_iterations,
+                    nans=trainer.nan_iterations,
+                )
+            )
             interval = {"time": 0.0, "iters": 0, "losses": {}, "flops": 0.0}
         if valid_iterators is not None and args.eval_interval and iteration % args.eval_interval == 0:
             run_evaluation(trainer, valid_iterators, f"at iteration {iteration}", iteration, metrics)
@@ -480,8 +505,10 @@ def pretrain(
     for warning in args.config_warnings:
         print_rank_0(f"WARNING: {warning}")
     if args.use_flash_attn and not uses_fused_attention(args):
-        print_rank_0("WARNING: --use-flash-attn: this device has no fused attention kernel; "
-                     "megatron-core's unfused attention runs")  # fmt: skip
+        print_rank_0(
+            "WARNING: --use-flash-attn: this device has no fused attention kernel; "
+            "megatron-core's unfused attention runs"
+        )
 
     initialize_distributed(args)
     set_random_seed(args.seed, args.data_parallel_random_init)
@@ -510,19 +537,24 @@ def pretrain(
     # iterators but still take part in the pipeline.
     has_validation = args.eval_iters > 0 and _anywhere(valid_iterators)
     has_test = args.eval_iters > 0 and _anywhere(test_iterators)
-    print_rank_0(f"training: {sum(p.numel() for p in model[0].parameters())} parameters on rank 0, "
-                 f"{args.world_size} ranks = TP {args.tensor_model_parallel_size} x PP "
-                 f"{args.pipeline_model_parallel_size} x DP {args.data_parallel_size}")  # fmt: skip
+    print_rank_0(
+        f"training: {sum(p.numel() for p in model[0].parameters())} parameters on rank 0, "
+        f"{args.world_size} ranks = TP {args.tensor_model_parallel_size} x PP "
+        f"{args.pipeline_model_parallel_size} x DP {args.data_parallel_size}"
+    )
     if not args.skip_train:
         iteration = train(trainer, iteration, train_iterators, valid_iterators if has_validation else None)
     final_metrics = MetricsWriter(args, _is_last_rank())
     if trainer.exit_reason:  # as Megatron-LM: an exit condition ends the job once the checkpoint is saved
         return _teardown()
     if has_validation and not args.skip_train:
-        run_evaluation(trainer, valid_iterators, f"at iteration {iteration} on validation set", iteration, final_metrics)
+        run_evaluation(
+            trainer, valid_iterators, f"at iteration {iteration} on validation set", iteration, final_metrics
+        )
     if has_test:  # Megatron-LM evaluates the test split once, at the end
-        run_evaluation(trainer, test_iterators, f"at iteration {iteration} on test set", iteration, final_metrics,
-                       split="test")  # fmt: skip
+        run_evaluation(
+            trainer, test_iterators, f"at iteration {iteration} on test set", iteration, final_metrics, split="test"
+        )
     final_metrics.close()
     return _teardown()
 

@@ -97,10 +97,17 @@ def wandb_run(args: argparse.Namespace) -> Any:
 
         save_dir = args.wandb_save_dir or os.path.join(args.save, "wandb")
         os.makedirs(save_dir, exist_ok=True)
-        config = {k: v if isinstance(v, (bool, int, float, str, list, tuple, type(None))) else str(v)
-                  for k, v in vars(args).items()}  # fmt: skip
-        _WANDB_RUN = wandb.init(dir=save_dir, project=args.wandb_project, name=args.wandb_exp_name,
-                                entity=args.wandb_entity or None, config=config)  # fmt: skip
+        config = {
+            k: v if isinstance(v, (bool, int, float, str, list, tuple, type(None))) else str(v)
+            for k, v in vars(args).items()
+        }
+        _WANDB_RUN = wandb.init(
+            dir=save_dir,
+            project=args.wandb_project,
+            name=args.wandb_exp_name,
+            entity=args.wandb_entity or None,
+            config=config,
+        )
     return _WANDB_RUN
 
 
@@ -136,7 +143,9 @@ class MetricsWriter:
         if not self.enabled:
             return
         if self.jsonl:
-            self.jsonl.write(json.dumps({"iteration": iteration, "consumed_samples": consumed_samples, **record}) + "\n")
+            self.jsonl.write(
+                json.dumps({"iteration": iteration, "consumed_samples": consumed_samples, **record}) + "\n"
+            )
             self.jsonl.flush()
         if (self.tensorboard or self.wandb) and iteration % self.interval == 0:
             tags = {

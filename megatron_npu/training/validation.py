@@ -21,6 +21,7 @@ T = TypeVar("T")
 
 _SPM_TOKENIZERS = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
 
+
 def _layout(build: Callable[..., T], *args: Any) -> T:
     """Build a layout object, its LayoutError as the trainer's ConfigError (no traceback)."""
     try:
@@ -42,8 +43,9 @@ def _split_blend(tokens: list[str]) -> tuple[list[float] | None, list[str]]:
 
 def _parse_rampup(values: list[str]) -> tuple[int, int, int]:
     if len(values) != 3:
-        raise ConfigError("--rampup-batch-size takes 3 integers: <start batch size> <increment> <ramp-up samples>, "
-                          f"got {len(values)}")
+        raise ConfigError(
+            f"--rampup-batch-size takes 3 integers: <start batch size> <increment> <ramp-up samples>, got {len(values)}"
+        )
     try:
         start, incr, samples = (int(v) for v in values)
     except ValueError:
@@ -89,8 +91,11 @@ def validate_args(
     # Model shape.
     if args.swiglu and args.squared_relu:
         raise ConfigError("--swiglu and --squared-relu are mutually exclusive; pick one")
-    if not args.group_query_attention and "--num-query-groups" in given \
-            and args.num_query_groups != args.num_attention_heads:
+    if (
+        not args.group_query_attention
+        and "--num-query-groups" in given
+        and args.num_query_groups != args.num_attention_heads
+    ):
         args.ignored_flags.append(("--num-query-groups", "ignored without --group-query-attention"))
     # one ModelShape: Megatron-LM's ffn (4h, SwiGLU 8h/3), kv-channel and query-group defaults
     shape = _layout(ModelShape.from_args, args)
@@ -119,23 +124,29 @@ def _check_unsupported(args: argparse.Namespace) -> None:
         raise ConfigError("--spec is not supported: this trainer builds the GPT layer spec itself; drop the flag")
     if args.calculate_per_token_loss and args.ddp_average_in_collective:
         # megatron-core asserts the same inside DistributedDataParallel
-        raise ConfigError("--calculate-per-token-loss divides the gradients by the global batch's token count; "
-                          "it cannot be combined with --ddp-average-in-collective: drop one")
+        raise ConfigError(
+            "--calculate-per-token-loss divides the gradients by the global batch's token count; "
+            "it cannot be combined with --ddp-average-in-collective: drop one"
+        )
     if args.wandb_project:
         _check_wandb(args)
 
 
 def _check_deprecated(args: argparse.Namespace) -> None:
     """Deprecated Megatron-LM arguments (Megatron-LM asserts the same); removed from args."""
-    for dest, flag, instead in (("batch_size", "--batch-size", "--micro-batch-size"),
-                                ("warmup", "--warmup", "--lr-warmup-fraction or --lr-warmup-iters"),
-                                ("model_parallel_size", "--model-parallel-size", "--tensor-model-parallel-size")):
+    for dest, flag, instead in (
+        ("batch_size", "--batch-size", "--micro-batch-size"),
+        ("warmup", "--warmup", "--lr-warmup-fraction or --lr-warmup-iters"),
+        ("model_parallel_size", "--model-parallel-size", "--tensor-model-parallel-size"),
+    ):
         if getattr(args, dest) is not None:
             raise ConfigError(f"{flag} is no longer valid; use {instead}")
         delattr(args, dest)
     if args.checkpoint_activations:
-        raise ConfigError("--checkpoint-activations is no longer valid; use --recompute-activations, or "
-                          "--recompute-granularity and --recompute-method")
+        raise ConfigError(
+            "--checkpoint-activations is no longer valid; use --recompute-activations, or "
+            "--recompute-granularity and --recompute-method"
+        )
     del args.checkpoint_activations
 
 
@@ -175,9 +186,11 @@ def _derive_position_embeddings(args: argparse.Namespace) -> None:
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
     if args.position_embedding_type == "learned_absolute" and args.seq_length > args.max_position_embeddings:
-        raise ConfigError(f"--seq-length {args.seq_length} is larger than --max-position-embeddings "
-                          f"{args.max_position_embeddings} (learned absolute position embeddings); raise "
-                          "--max-position-embeddings or lower --seq-length")
+        raise ConfigError(
+            f"--seq-length {args.seq_length} is larger than --max-position-embeddings "
+            f"{args.max_position_embeddings} (learned absolute position embeddings); raise "
+            "--max-position-embeddings or lower --seq-length"
+        )
 
 
 def _check_recompute(args: argparse.Namespace) -> None:
@@ -186,8 +199,10 @@ def _check_recompute(args: argparse.Namespace) -> None:
         args.recompute_granularity = "selective"
     del args.recompute_activations
     if args.recompute_granularity == "selective" and args.recompute_method is not None:
-        raise ConfigError("--recompute-method is not supported with --recompute-granularity selective "
-                          "(or --recompute-activations); drop --recompute-method or use --recompute-granularity full")
+        raise ConfigError(
+            "--recompute-method is not supported with --recompute-granularity selective "
+            "(or --recompute-activations); drop --recompute-method or use --recompute-granularity full"
+        )
     if args.recompute_granularity == "full":
         if args.recompute_method is None:
             raise ConfigError("--recompute-granularity full needs --recompute-method uniform|block")
@@ -195,8 +210,9 @@ def _check_recompute(args: argparse.Namespace) -> None:
             raise ConfigError("--recompute-granularity full needs --recompute-num-layers")
     if args.distribute_saved_activations:
         if args.tensor_model_parallel_size == 1 or args.recompute_granularity != "full":
-            raise ConfigError("--distribute-saved-activations needs --tensor-model-parallel-size > 1 and "
-                              "--recompute-granularity full")
+            raise ConfigError(
+                "--distribute-saved-activations needs --tensor-model-parallel-size > 1 and --recompute-granularity full"
+            )
 
 
 def _derive_sequence_parallel(args: argparse.Namespace, warn: list[str]) -> None:
@@ -215,8 +231,10 @@ def _derive_weight_decay(args: argparse.Namespace) -> None:
         args.start_weight_decay = args.weight_decay
         args.end_weight_decay = args.weight_decay
     elif args.start_weight_decay is None or args.end_weight_decay is None:
-        raise ConfigError(f"--weight-decay-incr-style {args.weight_decay_incr_style} needs --start-weight-decay "
-                          "and --end-weight-decay")
+        raise ConfigError(
+            f"--weight-decay-incr-style {args.weight_decay_incr_style} needs --start-weight-decay "
+            "and --end-weight-decay"
+        )
 
 
 def _derive_precision(args: argparse.Namespace) -> None:
@@ -257,20 +275,25 @@ def _check_schedule(args: argparse.Namespace) -> None:
         if args.lr_decay_samples is not None:
             raise ConfigError("--lr-decay-samples needs sample-based training; use --lr-decay-iters with --train-iters")
         if args.lr_warmup_samples:
-            raise ConfigError("--lr-warmup-samples needs sample-based training; use --lr-warmup-iters with "
-                              "--train-iters")
+            raise ConfigError(
+                "--lr-warmup-samples needs sample-based training; use --lr-warmup-iters with --train-iters"
+            )
         if args.rampup_batch_size is not None:
-            raise ConfigError("--rampup-batch-size needs sample-based training (as in Megatron-LM): use "
-                              "--train-samples instead of --train-iters, or drop --rampup-batch-size")
+            raise ConfigError(
+                "--rampup-batch-size needs sample-based training (as in Megatron-LM): use "
+                "--train-samples instead of --train-iters, or drop --rampup-batch-size"
+            )
         if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
             raise ConfigError("--lr-warmup-fraction and --lr-warmup-iters are mutually exclusive; give one")
     if args.train_samples:
         if args.lr_decay_iters is not None:
-            raise ConfigError("--lr-decay-iters needs iteration-based training; use --lr-decay-samples with "
-                              "--train-samples")
+            raise ConfigError(
+                "--lr-decay-iters needs iteration-based training; use --lr-decay-samples with --train-samples"
+            )
         if args.lr_warmup_iters:
-            raise ConfigError("--lr-warmup-iters needs iteration-based training; use --lr-warmup-samples with "
-                              "--train-samples")
+            raise ConfigError(
+                "--lr-warmup-iters needs iteration-based training; use --lr-warmup-samples with --train-samples"
+            )
         if args.lr_warmup_fraction is not None and args.lr_warmup_samples:
             raise ConfigError("--lr-warmup-fraction and --lr-warmup-samples are mutually exclusive; give one")
     if args.lr is None and not args.skip_train:
@@ -289,7 +312,8 @@ def _check_saving(args: argparse.Namespace) -> None:
     if args.save is not None and (args.save_interval is None or args.save_interval <= 0):
         raise ConfigError("--save needs a positive --save-interval")
     if args.save_retain_interval is not None and (
-            args.save_interval is None or args.save_retain_interval % args.save_interval != 0):
+        args.save_interval is None or args.save_retain_interval % args.save_interval != 0
+    ):
         raise ConfigError("--save-retain-interval must be a multiple of --save-interval")
 
 
@@ -312,8 +336,9 @@ def _derive_data_sources(args: argparse.Namespace, warn: list[str]) -> None:
     if sources > 1:
         raise ConfigError("give one data source: --data-path, or --train/valid/test-data-path, or --mock-data")
     if sources == 0 and not args.skip_train:
-        raise ConfigError("no training data: give --data-path PREFIX (build one with `megatron-npu preprocess`) "
-                          "or --mock-data")
+        raise ConfigError(
+            "no training data: give --data-path PREFIX (build one with `megatron-npu preprocess`) or --mock-data"
+        )
     if args.dataloader_type is None:
         args.dataloader_type = "single"
 
@@ -351,8 +376,9 @@ def _check_layout(args: argparse.Namespace, world_size: int, shape: ModelShape) 
         args.microbatch_group_size_per_vp_stage = pp
     if vpp is not None:
         if not args.overlap_p2p_comm and pp <= 2:
-            raise ConfigError(f"{dims.flags.vpp} with --no-overlap-p2p-communication needs "
-                              "--pipeline-model-parallel-size > 2")
+            raise ConfigError(
+                f"{dims.flags.vpp} with --no-overlap-p2p-communication needs --pipeline-model-parallel-size > 2"
+            )
     else:
         args.overlap_p2p_comm = False  # only the interleaved schedule overlaps p2p
         args.align_param_gather = False
@@ -375,12 +401,14 @@ def _check_layout(args: argparse.Namespace, world_size: int, shape: ModelShape) 
                 raise ConfigError(
                     f"interleaved pipeline schedule: {flag} {gbs} gives {m} micro-batches per step, but "
                     f"--microbatch-group-size-per-virtual-pipeline-stage {n} must lie in [PP={pp}, M={m}]; "
-                    "raise --global-batch-size or lower --micro-batch-size")
+                    "raise --global-batch-size or lower --micro-batch-size"
+                )
             if 0 < m % n < pp:
                 raise ConfigError(
                     f"interleaved pipeline schedule: {m} micro-batches per step ({flag} {gbs}) leave a remainder of "
                     f"{m % n} when grouped by --microbatch-group-size-per-virtual-pipeline-stage {n}; it must be 0 or "
-                    f">= --pipeline-model-parallel-size {pp}")
+                    f">= --pipeline-model-parallel-size {pp}"
+                )
 
     _gbs_check(args.global_batch_size, "--global-batch-size")
 
@@ -390,13 +418,17 @@ def _check_layout(args: argparse.Namespace, world_size: int, shape: ModelShape) 
             raise ConfigError("--rampup-batch-size: start and increment must be positive, ramp-up samples >= 0")
         diff = args.global_batch_size - start
         if diff < 0 or diff % incr != 0:
-            raise ConfigError(f"--rampup-batch-size {start} {incr} {samples}: --global-batch-size "
-                              f"{args.global_batch_size} minus the start {start} must be a non-negative multiple of "
-                              f"the increment {incr}")
+            raise ConfigError(
+                f"--rampup-batch-size {start} {incr} {samples}: --global-batch-size "
+                f"{args.global_batch_size} minus the start {start} must be a non-negative multiple of "
+                f"the increment {incr}"
+            )
         for value, what in ((start, "start"), (incr, "increment")):
             if value % per_step != 0:
-                raise ConfigError(f"--rampup-batch-size {what} {value} is not divisible by --micro-batch-size "
-                                  f"{args.micro_batch_size} x data-parallel size {dp} = {per_step}")
+                raise ConfigError(
+                    f"--rampup-batch-size {what} {value} is not divisible by --micro-batch-size "
+                    f"{args.micro_batch_size} x data-parallel size {dp} = {per_step}"
+                )
         args.rampup_batch_size = [str(start), str(incr), str(samples)]
 
     if args.step_batch_size_schedule is not None:
@@ -421,8 +453,12 @@ def _check_wandb(args: argparse.Namespace) -> None:
 def _check_paths(args: argparse.Namespace) -> None:
     if args.wandb_project and importlib.util.find_spec("wandb") is None:
         raise ConfigError("--wandb-project needs the wandb package: pip install wandb (or drop --wandb-project)")
-    for flag, dest in (("--data-path", "data_path"), ("--train-data-path", "train_data_path"),
-                       ("--valid-data-path", "valid_data_path"), ("--test-data-path", "test_data_path")):
+    for flag, dest in (
+        ("--data-path", "data_path"),
+        ("--train-data-path", "train_data_path"),
+        ("--valid-data-path", "valid_data_path"),
+        ("--test-data-path", "test_data_path"),
+    ):
         tokens = getattr(args, dest)
         if not tokens:
             continue
@@ -437,7 +473,8 @@ def _check_paths(args: argparse.Namespace) -> None:
                     hint = f" (a prefix names the files without the suffix: {prefix[:-4]})"
                 raise ConfigError(
                     f"{flag} {prefix}: {' and '.join(prefix + e for e in missing)} not found{hint}; build the "
-                    "dataset with `megatron-npu preprocess --input FILE.jsonl --output-prefix PREFIX ...`")
+                    "dataset with `megatron-npu preprocess --input FILE.jsonl --output-prefix PREFIX ...`"
+                )
     if args.mock_data or args.tokenizer_type in (None, "NullTokenizer"):
         return
     t = args.tokenizer_type
