@@ -121,17 +121,12 @@ for _name in TENSOR_NEW:
     _register_tensor_new(_name)
 
 
-@register(
-    "torch.Tensor.to.device",
-    "torch:Tensor.to",
-    reason="tensor.to('cuda' | torch.device('cuda') | int) moves to the accelerator",
-    subsystem=SUBSYSTEM,
-)
-def _tensor_to(original: Callable, accelerator: Accelerator) -> Callable:
+def _device_mapping_to(original: Callable, accelerator: Accelerator) -> Callable:
+    """``.to(device, ...)`` of a tensor or a module, with the device (positional or keyword) mapped."""
     map_device = device_mapper(accelerator)
 
     @functools.wraps(original)
-    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
         if args and _is_device_like(args[0]):
             args = (map_device(args[0]), *args[1:])
         if "device" in kwargs:
@@ -139,6 +134,14 @@ def _tensor_to(original: Callable, accelerator: Accelerator) -> Callable:
         return original(self, *args, **kwargs)
 
     return to
+
+
+register(
+    "torch.Tensor.to.device",
+    "torch:Tensor.to",
+    reason="tensor.to('cuda' | torch.device('cuda') | int) moves to the accelerator",
+    subsystem=SUBSYSTEM,
+)(_device_mapping_to)
 
 
 @register(
@@ -186,24 +189,12 @@ def _module_cuda(original: Callable, accelerator: Accelerator) -> Callable:
     return cuda
 
 
-@register(
+register(
     "torch.nn.Module.to.device",
     "torch.nn.modules.module:Module.to",
     reason="module.to('cuda' | int) moves the module to the accelerator",
     subsystem=SUBSYSTEM,
-)
-def _module_to(original: Callable, accelerator: Accelerator) -> Callable:
-    map_device = device_mapper(accelerator)
-
-    @functools.wraps(original)
-    def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
-        if args and _is_device_like(args[0]):
-            args = (map_device(args[0]), *args[1:])
-        if "device" in kwargs:
-            kwargs["device"] = map_device(kwargs["device"])
-        return original(self, *args, **kwargs)
-
-    return to
+)(_device_mapping_to)
 
 
 @register(

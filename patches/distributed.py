@@ -14,6 +14,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from megatron_npu.accelerator.base import Accelerator
 from megatron_npu.registry import register
 
@@ -105,3 +107,71 @@ for _module in ("torch.distributed", "torch.distributed.distributed_c10d"):
         reason="new_group(backend='nccl') becomes the accelerator's backend; gloo stays gloo",
         subsystem=SUBSYSTEM,
     )(_group_wrapper)
+
+
+# ----- float64 all-reduce where the collective library has none --------------------------
+class _CompletedWork:
+    """What ``all_reduce(async_op=True)`` returns when the reduction already happened."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def _reduce_gathered(values: torch.Tensor, op: Any) -> torch.Tensor | None:
+    """``values`` (one row per rank) reduced by ``op``; None for an op not handled here."""
+    reduce_op = torch.distributed.ReduceOp
+    reductions = {
+        reduce_op.SUM: lambda: values.sum(0),
+        reduce_op.AVG: lambda: values.mean(0),
+        reduce_op.MIN: lambda: values.amin(0),
+        reduce_op.MAX: lambda: values.amax(0),
+        reduce_op.PRODUCT: lambda: values.prod(0),
+    }
+    for candidate, reduce in reductions.items():
+        if op == candidate:
+            return reduce()
+    return None
+
+
+def exact_float64_all_reduce(original: Callable, accelerator: Accelerator) -> Callable:
+    """all_reduce that never hands a float64 tensor to the collective library.
+
+    Each rank's values travel as their raw bytes (an int32 view, which every library
+    gathers), and every rank reduces the gathered rows in float64 in rank order: exact,
+    and the result is written back into the caller's tensor (an adaptor that reduced a
+    float32 copy and forgot the copy-back has been seen: ascend-facts.md). Costs a gather
+    of world_size copies, fine for the scalars Megatron-LM reduces in float64.
+    """
+
+    @functools.wraps(original)
+    def all_reduce(
+        tensor: torch.Tensor, op: Any = torch.distributed.ReduceOp.SUM, group: Any = None, async_op: bool = False
+    ) -> Any:
+        if tensor.dtype != torch.float64:
+            return original(tensor, op=op, group=group, async_op=async_op)
+        words = tensor.detach().reshape(-1).contiguous().view(torch.int32)
+        gathered = [torch.empty_like(words) for _ in range(torch.distributed.get_world_size(group))]
+        torch.distributed.all_gather(gathered, words, group=group)
+        rows = torch.stack([row.view(torch.float64) for row in gathered])
+        reduced = _reduce_gathered(rows, op)
+        if reduced is None:  # an op this wrapper does not know: let the library answer
+            return original(tensor, op=op, group=group, async_op=async_op)
+        with torch.no_grad():
+            tensor.copy_(reduced.view(tensor.shape))
+        return _CompletedWork() if async_op else None
+
+    return all_reduce
+
+
+for _module in ("torch.distributed", "torch.distributed.distributed_c10d"):
+    register(
+        f"{_module}.all_reduce.float64",
+        f"{_module}:all_reduce",
+        reason="the collective library has no float64 all-reduce; Megatron-LM reduces its start-up "
+        "timestamps in float64 (training.py, core_v0.16.1): reduced exactly from gathered bytes",
+        subsystem=SUBSYSTEM,
+        requires="lacks_float64_reduction",
+    )(exact_float64_all_reduce)

@@ -896,10 +896,9 @@ def test_upstream_megatron_lm_backend_goes_through_the_same_accelerator_question
     """patches/megatron_training.py maps Megatron-LM's --distributed-backend as this trainer does."""
     import argparse
 
-    from megatron_npu.patches.megatron_training import adapt_args
-
     from megatron_npu.accelerator.cpu import CpuAccelerator
     from megatron_npu.accelerator.cuda import CudaAccelerator
+    from megatron_npu.patches.megatron_training import adapt_args
 
     def adapted(backend: str, accelerator) -> argparse.Namespace:
         args = argparse.Namespace(transformer_impl="local", distributed_backend=backend)

@@ -104,6 +104,13 @@ def recording(monkeypatch, rope_utils):
     set_accelerator(None)
 
 
+# a model parse_args accepts, small enough to build configs from
+TINY_MODEL = (
+    "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --micro-batch-size 1 "
+    "--train-iters 1 --lr 1e-3 --mock-data"
+).split()
+
+
 @pytest.mark.parametrize("flag, fused_kernel_runs", [([], True), (["--no-rope-fusion"], False)])
 def test_rope_fusion_flag_decides_between_the_kernel_and_the_unfused_math(
     recording, rope_utils, flag, fused_kernel_runs
@@ -111,30 +118,7 @@ def test_rope_fusion_flag_decides_between_the_kernel_and_the_unfused_math(
     from megatron_npu.training.arguments import parse_args
     from megatron_npu.training.config import transformer_config
 
-    args = parse_args(
-        [
-            "--num-layers",
-            "2",
-            "--hidden-size",
-            "64",
-            "--num-attention-heads",
-            "4",
-            "--seq-length",
-            "16",
-            "--micro-batch-size",
-            "1",
-            "--train-iters",
-            "1",
-            "--lr",
-            "1e-3",
-            "--mock-data",
-            "--position-embedding-type",
-            "rope",
-            *flag,
-        ],
-        world_size=1,
-        check_paths=False,
-    )
+    args = parse_args([*TINY_MODEL, "--position-embedding-type", "rope", *flag], world_size=1, check_paths=False)
     config = transformer_config(args)
     assert config.apply_rope_fusion is fused_kernel_runs
     generator = torch.Generator().manual_seed(0)
@@ -165,29 +149,7 @@ def test_norm_and_swiglu_route_through_the_accelerator_kernel_with_neutral_signa
 def swiglu_args(*flags: str):
     from megatron_npu.training.arguments import parse_args
 
-    return parse_args(
-        [
-            "--num-layers",
-            "2",
-            "--hidden-size",
-            "64",
-            "--num-attention-heads",
-            "4",
-            "--seq-length",
-            "16",
-            "--micro-batch-size",
-            "1",
-            "--train-iters",
-            "1",
-            "--lr",
-            "1e-3",
-            "--mock-data",
-            "--swiglu",
-            *flags,
-        ],
-        world_size=1,
-        check_paths=False,
-    )
+    return parse_args([*TINY_MODEL, "--swiglu", *flags], world_size=1, check_paths=False)
 
 
 @pytest.mark.parametrize("flag, fused_kernel_runs", [([], True), (["--no-bias-swiglu-fusion"], False)])

@@ -471,7 +471,7 @@ def test_keep_entry_point_runs_the_users_own_pretrain_gpt_through_the_launcher()
     script = (
         "#!/bin/bash\n"
         "torchrun --nproc_per_node 8 /opt/Megatron-LM/pretrain_gpt.py --tensor-model-parallel-size 2 "
-        "--transformer-impl transformer_engine\n"
+        "--transformer-impl transformer_engine --distributed-backend nccl\n"
         "python tools/pretrain_gpt.py --num-layers 2\n"
     )
     report = cli.migrate_text(script, "bash", keep_entry_point=True)
@@ -480,6 +480,9 @@ def test_keep_entry_point_runs_the_users_own_pretrain_gpt_through_the_launcher()
     assert any(line.startswith("python -m megatron_npu.run tools/pretrain_gpt.py") for line in lines)
     assert "MEGATRON_NPU_DIR" not in report.result.text  # this project's trainer is not used
     assert "--transformer-impl local" in report.result.text  # device rules still apply
+    # this trainer's rows do not: upstream's parser accepts only nccl/gloo, and the patch layer maps nccl
+    assert "--distributed-backend nccl" in report.result.text
+    assert "--distributed-backend hccl" in cli.migrate_text(script, "bash").result.text
     assert [c.rule for c in report.result.changes].count("keep-entry") == 2
     # Migrating the migrated script again changes no entry point.
     again = cli.migrate_text(report.result.text, "bash", keep_entry_point=True)

@@ -129,11 +129,11 @@ def tp1(megatron_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[di
 
 
 def resumed_under(
-    megatron_lm: Path, tp1: tuple[dict[int, float], Path], where: Path, *layout: str, nproc: int, save: bool = False
+    megatron_lm: Path, tp1: tuple[dict[int, float], Path], where: Path, *flags: str, nproc: int, save: bool = False
 ) -> Job:
     load = checkpoint_at(tp1[1], SAVE_AT, where / "ckpt")
     extra = ("--save", str(load), "--save-interval", "3", "--dist-ckpt-optim-fully-reshardable") if save else ()
-    return upstream(megatron_lm, *MODEL, "--load", str(load), *extra, *layout, nproc=nproc).check()
+    return upstream(megatron_lm, *MODEL, "--load", str(load), *extra, *flags, nproc=nproc).check()
 
 
 def test_tp1_trains_and_the_loss_falls(tp1):
@@ -143,11 +143,30 @@ def test_tp1_trains_and_the_loss_falls(tp1):
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
 
 
+# Paths of Megatron-LM's loop that the math does not see, exercised by the resumed TP1 run: the
+# signal handler gathers its flags every iteration on the device dist_signal_handler picks, and
+# --profile (nsys: cudaProfilerStart, emit_nvtx) becomes torch's profiler. Megatron-LM's profiler
+# schedule counts steps from the process start (a resumed run's first step is 0): start 1 records
+# from the first resumed iteration, and the trace is written when iteration 5 stops it.
+OBSERVERS = ("--exit-signal-handler", "--profile", "--profile-step-start", "1", "--profile-step-end", "5")
+RESUMED_JOBS: dict[str, Job] = {}
+
+
 @pytest.fixture(scope="session")
 def tp1_resumed(megatron_lm, tp1, tmp_path_factory) -> tuple[dict[int, float], Path]:
     """TP1 again, resumed from the reference's iteration-3 checkpoint and saving at 6."""
     where = tmp_path_factory.mktemp("tp1-resumed")
-    return losses(resumed_under(megatron_lm, tp1, where, nproc=1, save=True)), where / "ckpt"
+    traces = ("--tensorboard-dir", str(where / "tensorboard"))
+    job = resumed_under(megatron_lm, tp1, where, *OBSERVERS, *traces, nproc=1, save=True)
+    RESUMED_JOBS["tp1"] = job
+    return losses(job), where / "ckpt"
+
+
+def test_profile_and_signal_handler_run_off_cuda(tp1_resumed):
+    _, save = tp1_resumed
+    job = RESUMED_JOBS["tp1"]
+    assert "--profile uses nsys" in job.stdout + job.stderr  # one warning naming the switch
+    assert list((save.parent / "tensorboard").glob("*.pt.trace.json")), "the profiler wrote its trace"
 
 
 def test_resume_is_bit_exact(tp1, tp1_resumed, tmp_path):

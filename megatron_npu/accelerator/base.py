@@ -52,6 +52,10 @@ class Accelerator(abc.ABC):
     #: be freed right after the call (megatron's deallocate_pipeline_outputs). Gloo
     #: (cpu) reads the buffer later: freeing it early sends garbage.
     stream_ordered_p2p: bool = True
+    #: True when the collective library all-reduces float64 tensors. HCCL has lacked it
+    #: (../shared/design/ascend-facts.md); Megatron-LM's trainer reduces float64 start-up
+    #: timestamps, whose seconds-since-epoch need float64's precision.
+    reduces_float64: bool = True
 
     #: True when the device stands in for CUDA in user scripts: ``torch.cuda.is_available()``
     #: and the device name answer for it, so a GPU script takes its device path.
@@ -78,6 +82,10 @@ class Accelerator(abc.ABC):
     @property
     def lacks_pinned_memory(self) -> bool:
         return not self.supports_pinned_memory()
+
+    @property
+    def lacks_float64_reduction(self) -> bool:
+        return self.patches_megatron_core and not self.reduces_float64
 
     @property
     def collectives_bind_device(self) -> bool:

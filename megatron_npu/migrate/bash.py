@@ -78,14 +78,14 @@ def _cut(code: str, start: int, end: int) -> str:
     return before.rstrip(" \t") + stripped
 
 
-def rewrite_flags(code: str, lineno: int, force: bool, res: Result, yaml: bool = False) -> str:
+def rewrite_flags(code: str, lineno: int, force: bool, res: Result, device_wide_only: bool = False) -> str:
     pos = 0
     while True:
         m = _FLAG_RE.search(code, pos)
         if not m:
             return code
         flag = m.group(1)
-        rule = flag_rule(flag)
+        rule = flag_rule(flag, device_wide_only)
         pos = m.end()
         if rule is None:
             continue
@@ -251,7 +251,7 @@ def migrate_bash(text: str, *, force: bool = False, npu_dir: str = ".", keep_ent
         nchanges = len(res.changes)
         new_code, commented = rewrite_env(code, lineno, res)
         if not commented:
-            new_code = rewrite_flags(new_code, lineno, force, res)
+            new_code = rewrite_flags(new_code, lineno, force, res, device_wide_only=keep_entry_point)
             new_code = (keep_entry if keep_entry_point else rewrite_entry)(new_code, lineno, res)
         if "pretrain_gpt.py" in code:
             seen_entry = True

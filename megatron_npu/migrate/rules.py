@@ -40,6 +40,9 @@ class Rule:
     takes_value: bool = False  # flag: a removed flag's value goes with it
     #: remove/refuse: values pretrain_gpt.py accepts, left in place; keep: the values noted
     allowed: tuple[str, ...] | None = None
+    #: flag: the policy row holds for any trainer on Ascend (scope "device"), upstream
+    #: Megatron-LM's included; the other rows are about this project's pretrain_gpt.py.
+    device_wide: bool = False
 
     def matches(self, name: str) -> bool:
         return fnmatch.fnmatchcase(name, self.match)
@@ -65,7 +68,7 @@ def _flag_rule(p: FlagPolicy) -> Rule:
     if action == "refuse":
         reason += "; refused unless --force, which drops the flag"
     allowed = None if action == "value" else p.allowed  # a rewrite names its own old value
-    return Rule(p.name, "flag", p.flag, action, p.rewrite, reason, p.takes_value, allowed)
+    return Rule(p.name, "flag", p.flag, action, p.rewrite, reason, p.takes_value, allowed, p.scope == "device")
 
 
 RULES: list[Rule] = [
@@ -121,9 +124,13 @@ def env_rule(name: str) -> Rule | None:
     return next((r for r in ENV_RULES if r.action != "add" and r.matches(name)), None)
 
 
-def flag_rule(flag: str) -> Rule | None:
-    """The rule for ``--flag`` (first match wins: exact rows precede prefix rows)."""
-    return next((r for r in FLAG_RULES if r.matches(flag)), None)
+def flag_rule(flag: str, device_wide_only: bool = False) -> Rule | None:
+    """The rule for ``--flag`` (first match wins: exact rows precede prefix rows).
+
+    ``device_wide_only``: only rows that hold for any trainer (a script that keeps its own
+    Megatron-LM entry point: this trainer's rows, such as ``--distributed-backend nccl=hccl``,
+    which upstream's parser rejects, do not apply to it)."""
+    return next((r for r in FLAG_RULES if r.matches(flag) and (r.device_wide or not device_wide_only)), None)
 
 
 def yaml_key_rule(key: str) -> Rule | None:
