@@ -33,7 +33,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     print_rank_0("building GPT model ...")
     return GPTModel(
         config=transformer_config(args),
-        transformer_layer_spec=gpt_layer_spec(args),
+        transformer_layer_spec=gpt_layer_spec(args, vp_stage),
         vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings,
         pre_process=pre_process,

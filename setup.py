@@ -34,7 +34,8 @@ setup(
     extras_require={
         "npu": ["torch_npu"],
         "wandb": ["wandb"],
-        "test": ["pytest>=7", "ruff", "matplotlib", "tensorboard", "wandb"],
+        "convert": ["safetensors", "transformers"],  # megatron-npu convert (Hugging Face checkpoints)
+        "test": ["pytest>=7", "ruff", "matplotlib", "tensorboard", "wandb", "safetensors", "transformers"],
     },
     entry_points={"console_scripts": ["megatron-npu=megatron_npu.cli:main"]},
 )

@@ -21,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "rankmap": ("megatron_npu.layout.rankmap", "rank -> node/device and TP/PP/DP/CP groups; refuses TP across nodes"),
     "plan": ("megatron_npu.layout.planner", "bytes per rank per iteration for TP/PP/DP/embedding, intra vs inter node"),
     "ranktable": ("megatron_npu.layout.ranktable", "HCCL rank table (RANK_TABLE_FILE) from hosts and NPU NIC ips"),
+    "convert": (
+        "megatron_npu.convert.cli",
+        "Hugging Face model <-> pretrain_gpt.py checkpoint (to-megatron / to-hf); prints the model's flags",
+    ),
     "perf-report": (
         "megatron_npu.perf.report",
         "five-point health check of a run: comm share, node traffic, balance, data loader, grad reduce",

@@ -95,7 +95,10 @@ class EnvPolicy:
         return fnmatch.fnmatchcase(variable, self.match)
 
 
-# The --tokenizer-type values megatron_npu.data.tokenizers.build_tokenizer implements.
+# The --tokenizer-type values megatron_npu.data.tokenizers.build_tokenizer implements: those
+# megatron-core 0.16.1's tokenizer builder makes, as Megatron-LM core_v0.16.1 (the Bert ones fetch
+# their vocabulary from the hub, TikTokenizer needs tiktoken). Megatron-LM's Multimodal, SFT and
+# NullMultimodal types are for its multimodal / SFT scripts, not GPT pretraining.
 TOKENIZER_TYPES: tuple[str, ...] = (
     "NullTokenizer",
     "SentencePieceTokenizer",
@@ -103,13 +106,17 @@ TOKENIZER_TYPES: tuple[str, ...] = (
     "Llama2Tokenizer",
     "HuggingFaceTokenizer",
     "GPT2BPETokenizer",
+    "BertWordPieceLowerCase",
+    "BertWordPieceCase",
+    "TikTokenizer",
 )
 
 _TE = "Transformer Engine is CUDA-only"
 _FP8 = "Ascend 910B has no fp8/fp4 compute"
 _CUDA_GRAPH = "CUDA graphs are CUDA-only"
 _TP_OVERLAP = f"TP communication/GEMM overlap uses TE userbuffers ({_TE})"
-_MOE = "MoE is not supported by this trainer yet"
+_MOE = "this MoE option is not supported by this trainer"
+_DEEPEP = "the flex dispatcher runs on DeepEP / HybridEP, CUDA-only kernels"
 _CP = "context parallelism is not supported by this trainer yet"
 _FSDP = "FSDP is not supported by this trainer"
 _UNEVEN = "uneven pipeline stages are not supported by this trainer"
@@ -162,9 +169,31 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     _refused("--context-parallel-size", _CP, "use --context-parallel-size 1 (the default)", ("1",)),
     _refused("--cp-comm-type", _CP, _DROP, ("p2p",)),
     _refused("--hierarchical-context-parallel-sizes", _CP),
-    _refused("--expert-model-parallel-size", _MOE, "use --expert-model-parallel-size 1 (the default)", ("1",)),
-    _refused("--expert-tensor-parallel-size", _MOE),
-    _refused("--num-experts", _MOE, "drop --num-experts (dense model)", ("0", "None")),
+    # MoE: megatron-core's router, dispatchers and experts run as they are; what needs CUDA-only
+    # kernels (DeepEP, TE's fused permutation and router) is refused, with the unfused alternative.
+    _device(
+        "--moe-token-dispatcher-type",
+        _DEEPEP,
+        "use --moe-token-dispatcher-type alltoall (or allgather)",
+        ("allgather", "alltoall"),
+    ),
+    _device("--moe-enable-deepep", _DEEPEP, "use --moe-token-dispatcher-type alltoall"),
+    _device("--moe-flex-dispatcher-backend", _DEEPEP, "use --moe-token-dispatcher-type alltoall"),
+    _device(
+        "--moe-permute-fusion",
+        "the fused MoE permutation is Transformer Engine's (CUDA-only)",
+        "drop it (the same permutation runs unfused)",
+        migrate="drop",
+        name="moe-permute-fusion",
+    ),
+    _device(
+        "--moe-router-fusion",
+        "the fused MoE router is Transformer Engine's (CUDA-only)",
+        "drop it (the same routing runs unfused)",
+        migrate="drop",
+        name="moe-router-fusion",
+    ),
+    _refused("--moe-use-legacy-grouped-gemm", _MOE, "use --moe-grouped-gemm"),
     _refused("--moe-*", _MOE),
     # CUDA graphs and TE's TP overlap are optimisations: migrate drops them (same math).
     _device(
@@ -253,7 +282,6 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
         "--use-checkpoint-args", "model arguments are not read back from the checkpoint; pass them on the command line"
     ),
     _ignored("--use-mp-args-from-checkpoint-args", "parallel sizes are not read back from the checkpoint"),
-    _ignored("--tiktoken-pattern", "TikTokenizer is not supported; the flag only applies to it"),
     _ignored("--no-create-attention-mask-in-dataloader", "the causal mask is built by the attention kernel"),
     _ignored("--empty-unused-memory-level", "the device allocator cache is not emptied per iteration"),
     _ignored("--log-energy", "energy counters are CUDA-only"),

@@ -12,9 +12,15 @@ from __future__ import annotations
 import argparse
 
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
+from megatron.core.transformer import transformer_block
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from megatron_npu.layout.moe import moe_layer_pattern
 from megatron_npu.ops.spec_provider import DeviceSpecProvider
+from megatron_npu.training.config import transformer_config
 
 
 def spec_provider(args: argparse.Namespace) -> DeviceSpecProvider:
@@ -25,7 +31,28 @@ def uses_fused_attention(args: argparse.Namespace) -> bool:
     return spec_provider(args).fused_attention()
 
 
-def gpt_layer_spec(args: argparse.Namespace) -> ModuleSpec:
+def gpt_layer_spec(args: argparse.Namespace, vp_stage: int | None = None) -> ModuleSpec | TransformerBlockSubmodules:
+    """The layer spec; with --num-experts, the block spec of this pipeline chunk's layers (dense and
+    MoE layers by --moe-layer-freq, as megatron-core's get_gpt_decoder_block_spec slices them)."""
+    dense = _layer_spec(args)
+    if args.num_experts is None:
+        return dense
+    moe = _layer_spec(args)
+    moe.submodules.mlp = get_moe_module_spec_for_backend(
+        spec_provider(args),
+        num_experts=args.num_experts,
+        moe_grouped_gemm=args.moe_grouped_gemm,
+        use_te_activation_func=False,
+    )
+    config = transformer_config(args)
+    specs = [moe if is_moe else dense for is_moe in moe_layer_pattern(args.moe_layer_freq, args.num_layers)]
+    offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+    local = specs[offset : offset + get_num_layers_to_build(config, vp_stage=vp_stage)]
+    # the final norm megatron-core's TransformerBlock gives a plain layer spec (read at call time: patched)
+    return TransformerBlockSubmodules(layer_specs=local, layer_norm=transformer_block.LayerNormImpl)
+
+
+def _layer_spec(args: argparse.Namespace) -> ModuleSpec:
     backend = spec_provider(args)
     spec = get_gpt_layer_local_spec(qk_layernorm=args.qk_layernorm, normalization=args.normalization)
     layer = spec.submodules

@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (importing registers the patches)
     distributed,
     fused_ops,
     megatron_training,
+    moe,
     optimizer,
     pipeline_parallel,
     tensor_parallel,

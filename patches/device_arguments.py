@@ -115,6 +115,24 @@ def _register_tensor_new(name: str) -> None:
     )(_factory_wrapper)
 
 
+def _remember_torch_factories() -> None:
+    """Let ``with torch.device(...)`` keep working after the factories are wrapped.
+
+    torch's device context recognises factory calls by identity against a set it builds on
+    first use (``torch.utils._device._device_constructors``, an lru_cache). Built after the
+    wrappers are installed, it holds the wrappers, so the context no longer sees the original
+    functions its mode is called with and ``with torch.device("meta")`` allocates on the host
+    (transformers' ``from_pretrained`` then leaves buffers such as RoPE's ``inv_freq``
+    uninitialised). Building it now, while ``torch.empty`` & co are the originals, keeps them.
+    """
+    try:
+        from torch.utils._device import _device_constructors
+    except ImportError:  # a torch without the device context: nothing to keep
+        return
+    _device_constructors()
+
+
+_remember_torch_factories()
 for _name in FACTORIES:
     _register_factory(_name)
 for _name in TENSOR_NEW:

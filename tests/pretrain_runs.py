@@ -16,43 +16,17 @@ PRETRAIN = ROOT / "pretrain_gpt.py"
 
 # A small GPT: 4 layers so TP2 x PP2 x VPP2 has one layer per virtual stage;
 # 8 samples per step so TP2 x PP2 (DP1) runs 4 micro-batches (the pipeline's steady state).
+# the model and batch shape (the planner takes these too: tests/test_perf_report.py)
+SHAPE = (
+    "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+    "--max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 8"
+).split()
 MODEL = [
-    "--num-layers",
-    "4",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "32",
-    "--max-position-embeddings",
-    "32",
-    "--micro-batch-size",
-    "2",
-    "--global-batch-size",
-    "8",
-    "--lr",
-    "1e-3",
-    "--min-lr",
-    "1e-4",
-    "--lr-decay-style",
-    "cosine",
-    "--lr-warmup-iters",
-    "2",
-    "--weight-decay",
-    "0.01",
-    "--clip-grad",
-    "1.0",
-    "--seed",
-    "1234",
-    "--log-interval",
-    "1",
-    "--eval-interval",
-    "2",
-    "--eval-iters",
-    "1",
-    "--num-workers",
-    "0",
+    *SHAPE,
+    *(
+        "--lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 2 --weight-decay 0.01 --clip-grad 1.0 "
+        "--seed 1234 --log-interval 1 --eval-interval 2 --eval-iters 1 --num-workers 0"
+    ).split(),
 ]
 MOCK_DATA = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128"]
 NO_DROPOUT = ["--attention-dropout", "0", "--hidden-dropout", "0"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import shlex
+import struct
 from pathlib import Path
 
 import pytest
@@ -406,9 +407,9 @@ def test_step_batch_size_schedule():
         (["--async-save"], "--async-save", "drop"),
         (["--ckpt-format", "torch"], "--ckpt-format torch", "torch_dist"),
         (["--ckpt-format=zarr"], "--ckpt-format zarr", "torch_dist"),
-        (["--num-experts", "8"], "--num-experts 8", "drop"),
-        (["--moe-router-topk", "2"], "--moe-router-topk", "drop"),
-        (["--expert-model-parallel-size", "2"], "--expert-model-parallel-size 2", "1"),
+        (["--moe-token-dispatcher-type", "flex"], "--moe-token-dispatcher-type flex", "alltoall"),
+        (["--moe-enable-deepep"], "--moe-enable-deepep", "alltoall"),
+        (["--moe-use-upcycling"], "--moe-use-upcycling", "drop"),
         (["--context-parallel-size", "2"], "--context-parallel-size 2", "--context-parallel-size 1"),
         (["--use-legacy-models"], "--use-legacy-models", "drop"),
     ],
@@ -423,7 +424,7 @@ def test_refused_table_rows_are_complete():
     assert arguments.refusal_for("--fp8-anything").flag == "--fp8*"
     # one fp8 policy: every fp8/fp4 row (exact rows name migrate's rules) says the same
     assert len({(r.reason, r.alternative) for r in arguments.REFUSED if "fp8" in r.flag or "fp4" in r.flag}) == 1
-    assert arguments.refusal_for("--moe-grouped-gemm=1").flag == "--moe-*"
+    assert arguments.refusal_for("--moe-use-upcycling").flag == "--moe-*"
     assert arguments.refusal_for("--num-layers") is None
     # Refused-whenever-given flags are not accepted flags; value-checked ones are.
     assert "--fp8-format" not in arguments.known_flags() and "--ckpt-format" in arguments.known_flags()
@@ -604,7 +605,9 @@ def test_tokenizer_requirements():
 def _dataset(tmp_path: Path, name: str = "corpus_text_document") -> str:
     prefix = tmp_path / name
     (tmp_path / f"{name}.bin").write_bytes(b"")
-    (tmp_path / f"{name}.idx").write_bytes(b"")
+    # an empty corpus's index (megatron-core's format: header, 0 sequences, document indices [0]):
+    # the argument checks refuse a corrupt pair (megatron_npu/training/data_checks.py)
+    (tmp_path / f"{name}.idx").write_bytes(b"MMIDIDX\x00\x00" + struct.pack("<QBQQq", 1, 8, 0, 1, 0))
     return str(prefix)
 
 

@@ -190,7 +190,9 @@ def test_spec_provider_selects_fused_attention_only_for_use_flash_attn_on_a_devi
     from megatron_npu.ops.norm import SequenceParallelTorchNorm
     from megatron_npu.spec import gpt_layer_spec
 
-    args = argparse.Namespace(use_flash_attn=use_flash_attn, qk_layernorm=True, normalization="RMSNorm")
+    args = argparse.Namespace(
+        use_flash_attn=use_flash_attn, qk_layernorm=True, normalization="RMSNorm", num_experts=None
+    )  # a dense model
 
     class WithAttention(CpuAccelerator):
         def fused_kernel(self, key):

@@ -104,7 +104,10 @@ def test_known_layouts():
         ),
         (dict(tp=2, pp=2, cp=3, nnodes=2, nproc_per_node=8), r"world size 16 is not divisible by .* = 12"),
         (dict(tp=2, pp=1, vpp=2, nnodes=1, nproc_per_node=8), r"--vpp \(interleaved schedule\) needs --pp > 1"),
-        (dict(tp=2, pp=2, ep=3, nnodes=1, nproc_per_node=8), r"--ep 3 must divide DP x CP = 2"),
+        (
+            dict(tp=2, pp=2, ep=3, nnodes=1, nproc_per_node=8),
+            r"world size 8 is not divisible by --etp 2 x --ep 3 x --pp 2 = 12 \(the experts' grid\)",
+        ),
         (dict(tp=0, nnodes=1, nproc_per_node=8), r"--tp must be >= 1"),
     ],
 )
@@ -145,7 +148,18 @@ def test_launch_layout_sizes_and_layers():
             r"^world size 12 is not divisible by --tp 4 x --pp 2 x --cp 1 = 8; "
             r"TP x PP x CP must be one of 1, 2, 3, 4, 6, 12$",
         ),
-        (dict(world_size=8, tp=2, pp=2, ep=4), r"^--ep 4 must divide DP x CP = 2$"),
+        (
+            dict(world_size=8, tp=2, pp=2, ep=4),
+            r"^world size 8 is not divisible by --etp 2 x --ep 4 x --pp 2 = 16 \(the experts' grid\); "
+            r"EP sizes that fit: 1, 2$",
+        ),
+        (dict(world_size=8, ep=2, num_experts=0), r"^--ep 2 needs --num-experts \(a dense model has no experts\)$"),
+        (
+            dict(world_size=8, ep=4, num_experts=6),
+            r"^--num-experts 6 is not divisible by --ep 4: every EP rank holds the same number of experts; "
+            r"EP sizes that fit: 1, 2$",
+        ),
+        (dict(world_size=8, etp=0), r"^--etp must be >= 1, got 0$"),
         (dict(world_size=8, pp=2, vpp=0), r"^--vpp must be >= 1, got 0$"),
         (dict(world_size=8, vpp=2), r"^--vpp \(interleaved schedule\) needs --pp > 1$"),
         (dict(world_size=8, pp=4, num_layers=6), r"^--num-layers 6 is not divisible by --pp 4$"),
@@ -634,3 +648,29 @@ def test_plan_full_recompute_repeats_forward_tp_traffic():
     base, again = small_plan().ranks[0].by_label(), small_plan(recompute_full=True).ranks[0].by_label()
     assert again["tp"]["calls"] - base["tp"]["calls"] == 2 * 2 * 4  # 2 forward all-reduces x 2 layers x 4 microbatches
     assert again["tp"]["bytes"] - base["tp"]["bytes"] == 16 * ACT
+
+
+# ---- MoE: the experts' grid ----------------------------------------------------------------------
+def test_rank_map_keeps_expert_groups_inside_a_node_where_they_fit():
+    """EP follows expert TP in megatron-core's order: an EP group is ETP x EP contiguous ranks."""
+    inside = build_rank_map(tp=2, ep=4, etp=1, nnodes=2, nproc_per_node=8, num_experts=8)
+    assert inside.groups["ep"][:2] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert inside.groups["edp"][0] == [0, 4, 8, 12]  # expert DP = 16 / (ETP 1 x EP 4)
+    assert "EP groups crossing nodes: 0 of 4" in rankmap.format_table(inside)
+    across = build_rank_map(tp=2, ep=8, nnodes=2, nproc_per_node=8, num_experts=16)  # ETP = TP = 2: 16 ranks
+    assert "EP groups crossing nodes: 2 of 2" in rankmap.format_table(across)
+    with pytest.raises(LayoutError, match=r"--num-experts 6 is not divisible by --ep 4"):
+        build_rank_map(ep=4, nnodes=1, nproc_per_node=8, num_experts=6)
+
+
+def test_plan_counts_the_expert_all_to_all_intra_and_inter_node():
+    model = ModelSpec(4, 64, 4, 32, 2, 16, 128, params_dtype="fp32", num_experts=8, moe_router_topk=2)
+    pairs = 2 * 32 * 2  # tokens x topk per micro-batch
+    per_rank = (4 * pairs * 64 * 4 + 2 * pairs * 4) * 4  # 4 MoE layers, 16 / (2 x DP 8) = 1 micro-batch
+    intra = plan(model, build_rank_map(ep=4, etp=1, nnodes=2, nproc_per_node=4, num_experts=8)).ranks[0]
+    across = plan(model, build_rank_map(ep=8, etp=1, nnodes=2, nproc_per_node=4, num_experts=8)).ranks[0]
+    assert intra.by_label()["ep"]["bytes"] == across.by_label()["ep"]["bytes"] == per_rank
+    assert intra.by_label()["ep"]["wire_inter"] == 0 and intra.by_label()["ep"]["wire_intra"] == per_rank * 3 / 4
+    assert across.by_label()["ep"]["wire_intra"] == 0 and across.by_label()["ep"]["wire_inter"] == per_rank * 7 / 8
+    dense = ModelSpec(4, 64, 4, 32, 2, 16, 128, params_dtype="fp32")
+    assert "ep" not in plan(dense, build_rank_map(ep=4, nnodes=2, nproc_per_node=4)).ranks[0].by_label()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from distributed import torchrun_nodes
-from pretrain_runs import MOCK_DATA, MODEL, PRETRAIN, pretrain
+from pretrain_runs import MOCK_DATA, MODEL, PRETRAIN, SHAPE, pretrain
 
 from megatron_npu.layout import planner
 from megatron_npu.perf import report as perf_report
@@ -182,20 +182,7 @@ def test_plan_cli_with_swiglu_counts_the_measured_bytes(tp2_pp2, capsys):
                 "2",
                 "--pp",
                 "2",
-                "--num-layers",
-                "4",
-                "--hidden-size",
-                "64",
-                "--num-attention-heads",
-                "4",
-                "--seq-length",
-                "32",
-                "--max-position-embeddings",
-                "32",
-                "--micro-batch-size",
-                "2",
-                "--global-batch-size",
-                "8",
+                *SHAPE,  # the run's own model and batch shape
                 "--vocab-size",
                 str(args["vocab_size"] + 1),  # NullTokenizer: ids + eod
                 "--dtype",

@@ -1,5 +1,7 @@
 """The patch registry: idempotent, undoable, order-independent, alias-replacing."""
 
+import os
+import subprocess
 import sys
 import types
 
@@ -231,3 +233,17 @@ def test_jit_fusions_are_off_in_any_megatron_core_config_where_the_fuser_does_no
     shape = {"num_layers": 1, "hidden_size": 8, "num_attention_heads": 1}
     config = TransformerConfig(**shape, bias_activation_fusion=True, bias_dropout_fusion=True)
     assert (config.bias_activation_fusion, config.bias_dropout_fusion) == (False, False)  # cpu: no jit fusion
+
+
+def test_a_device_context_still_places_factory_calls_after_the_factories_are_wrapped():
+    """transformers builds models under ``with torch.device("meta")``; found by the HF converter,
+    whose logits were wrong after ``import megatron_npu`` (RoPE's inv_freq left uninitialised)."""
+    code = (
+        "import megatron_npu, torch\n"
+        "with torch.device('meta'):\n"
+        "    print(sorted({t.device.type for t in (torch.empty(2), torch.arange(3), torch.zeros(2), torch.ones(1))}))\n"
+    )
+    env = {**os.environ, "MEGATRON_NPU_DEVICE": "cpu"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "['meta']"

@@ -56,6 +56,9 @@ class Accelerator(abc.ABC):
     #: (../shared/design/ascend-facts.md); Megatron-LM's trainer reduces float64 start-up
     #: timestamps, whose seconds-since-epoch need float64's precision.
     reduces_float64: bool = True
+    #: True when all_gather takes tensors of different sizes per rank (MoE's alltoall dispatcher
+    #: gathers its tokens over expert TP this way). Gloo refuses them (torch 2.13, measured).
+    gathers_uneven: bool = True
 
     #: True when the device stands in for CUDA in user scripts: ``torch.cuda.is_available()``
     #: and the device name answer for it, so a GPU script takes its device path.
@@ -86,6 +89,10 @@ class Accelerator(abc.ABC):
     @property
     def lacks_float64_reduction(self) -> bool:
         return self.patches_megatron_core and not self.reduces_float64
+
+    @property
+    def lacks_uneven_all_gather(self) -> bool:
+        return self.patches_megatron_core and not self.gathers_uneven
 
     @property
     def collectives_bind_device(self) -> bool:

@@ -92,6 +92,7 @@ class CpuAccelerator(Accelerator):
     runs_on_host = True
     device_rng_is_host_rng = True
     stream_ordered_p2p = False
+    gathers_uneven = False  # gloo's allgather checks every tensor against the input's size
 
     def __init__(self) -> None:
         self._current = 0

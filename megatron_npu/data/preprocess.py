@@ -1,8 +1,16 @@
-"""Megatron-LM tools/preprocess_data.py, streaming and batched, into IndexedDatasetBuilder output."""
+"""Megatron-LM core_v0.16.1's tools/preprocess_data.py: the same .bin/.idx bytes, streamed and batched.
+
+The same tokenizer (``tokenizers.preprocessing_encoder``: megatron-core's unless
+``--legacy-tokenizer``), the same documents (a list value is pre-split sentences, empty
+sequences dropped, the eod after a key's last sequence, a key with no tokens a document with
+no sequence); in addition, bad lines are counted and reported (``--strict`` fails on them)
+instead of stopping the run, and the output is renamed into place at the end.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import gzip
 import json
@@ -15,7 +23,10 @@ from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
 
-from megatron_npu.data.tokenizers import TOKENIZER_TYPES, TokenizerError, build_tokenizer
+import numpy as np
+
+from megatron_npu.data.indexed_writer import IndexedDatasetWriter, optimal_dtype
+from megatron_npu.data.tokenizers import TokenizerError, TokenizerOptions, add_tokenizer_args, preprocessing_encoder
 
 BATCH = 256
 WINDOW_PER_WORKER = 4  # batches in flight per worker: bounds memory whatever the corpus size
@@ -29,22 +40,18 @@ def _open(path: str):
     return open(path, "rb")
 
 
-def _tok_args(a: Any) -> dict[str, Any]:
-    return dict(
-        tokenizer_model=a.tokenizer_model, vocab_file=a.vocab_file, merge_file=a.merge_file, vocab_size=a.vocab_size
-    )
+def _options(a: Any) -> TokenizerOptions:
+    # Megatron-LM's tool sets vocab_extra_ids = 0 whatever the command line says
+    return dataclasses.replace(TokenizerOptions.from_args(a), vocab_extra_ids=0)
 
 
 def _init(a: Any) -> None:
     global _TOK, _ARGS
     _ARGS = a
-    _TOK = build_tokenizer(a.tokenizer_type, **_tok_args(a))
-
-
-def _dtype(tok: Any) -> Any:
-    import numpy as np
-
-    return np.uint16 if tok.vocab_size < 65500 else np.int32  # Megatron's DType.optimal_dtype
+    # Parallelism comes from --workers processes: HF tokenizers' batch encode would otherwise
+    # run a thread per core in every worker (as sentencepiece is held to num_threads=1).
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _TOK = preprocessing_encoder(_options(a))
 
 
 def _bounded_imap(pool: Any, fn: Callable, items: Iterator, window: int) -> Iterator:
@@ -62,13 +69,22 @@ def _bounded_imap(pool: Any, fn: Callable, items: Iterator, window: int) -> Iter
         yield pending.popleft().get()
 
 
-def _encode(batch: list[tuple[int, bytes]]) -> tuple[list[tuple[int, Any, int]], dict[str, Any]]:
-    """Per line (lineno, {key: n_tokens} or problem string, nbytes), and per key one array of
-    the batch's tokens in the dataset dtype: one object to pickle back, not one per document."""
-    import numpy as np
+def _sentences(value: Any) -> list[str]:
+    """A key's texts: Megatron-LM's tool takes a list as sentences already split (what its
+    --split-sentences writes), one sequence each; anything else is one text."""
+    if isinstance(value, list):
+        return [v if isinstance(v, str) else str(v) for v in value]
+    return [value if isinstance(value, str) else str(value)]
 
+
+def _encode(batch: list[tuple[int, bytes]]) -> tuple[list[tuple[int, Any, int]], dict[str, Any]]:
+    """Per line (lineno, {key: sequence lengths} or problem string, nbytes), and per key one
+    array of the batch's tokens in the dataset dtype: one object to pickle back, not one per
+    document. Megatron-LM's encode: empty sequences are dropped, the eod goes after a key's
+    last sequence, and a key with no tokens is a document with no sequence (and no eod)."""
     a, tok = _ARGS, _TOK
-    dtype = _dtype(tok)
+    keys = a.json_keys
+    dtype = optimal_dtype(tok.vocab_size)
     parsed: list[tuple[int, Any, int]] = []
     for lineno, raw in batch:
         try:
@@ -81,34 +97,29 @@ def _encode(batch: list[tuple[int, bytes]]) -> tuple[list[tuple[int, Any, int]],
         except json.JSONDecodeError:
             parsed.append((lineno, "malformed JSON", len(raw)))
             continue
-        if not isinstance(obj, dict) or any(k not in obj for k in a.json_keys):
+        if not isinstance(obj, dict) or any(k not in obj for k in keys):
             parsed.append((lineno, "missing key", len(raw)))
             continue
-        parsed.append((lineno, {k: str(obj[k]) for k in a.json_keys}, len(raw)))
-    good = [p for p in parsed if isinstance(p[1], dict)]
+        parsed.append((lineno, {k: _sentences(obj[k]) for k in keys}, len(raw)))
+    good = [val for _, val, _ in parsed if isinstance(val, dict)]
     # As in Megatron-LM, --keep-newlines only matters with sentence splitting.
-    per_key = {k: tok.tokenize_batch_arrays([p[1][k] for p in good]) if good else [] for k in a.json_keys}
+    encoded = {k: iter(tok.tokenize_batch_arrays([t for val in good for t in val[k]])) for k in keys}
     eod = np.array([tok.eod], dtype=dtype)
     out: list[tuple[int, Any, int]] = []
-    pieces: dict[str, list[Any]] = {k: [] for k in a.json_keys}
-    gi = 0
+    pieces: dict[str, list[Any]] = {k: [] for k in keys}
     for lineno, val, n in parsed:
         if not isinstance(val, dict):
             out.append((lineno, val, n))
             continue
-        ids = {k: per_key[k][gi] for k in a.json_keys}
-        gi += 1
-        if all(len(v) == 0 for v in ids.values()):
-            out.append((lineno, "empty document", n))
-            continue
         lengths = {}
-        for k, v in ids.items():
-            # Megatron-LM: an empty key of a non-empty document gets no EOD and no sequence
-            with_eod = a.append_eod and len(v) > 0
-            pieces[k].append(v)
-            if with_eod:
+        for k in keys:
+            seqs = [ids for ids in islice(encoded[k], len(val[k])) if len(ids)]
+            lens = [len(ids) for ids in seqs]
+            pieces[k].extend(seqs)
+            if a.append_eod and seqs:
                 pieces[k].append(eod)
-            lengths[k] = len(v) + int(with_eod)
+                lens[-1] += 1
+            lengths[k] = lens
         out.append((lineno, lengths, n))
     blobs = {k: np.concatenate(v).astype(dtype, copy=False) if v else np.empty(0, dtype) for k, v in pieces.items()}
     return out, blobs
@@ -139,49 +150,53 @@ def _check_split_sentences() -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Megatron-LM core_v0.16.1's tools/preprocess_data.py flags (--workers defaults to 1 here)."""
     p = argparse.ArgumentParser(prog="preprocess_data.py")
-    p.add_argument("--input", required=True)
-    p.add_argument("--json-keys", nargs="+", default=["text"])
-    p.add_argument("--output-prefix", required=True)
-    p.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES)
-    p.add_argument("--tokenizer-model")
-    p.add_argument("--vocab-file")
-    p.add_argument("--merge-file")
-    p.add_argument("--vocab-size", type=int)
-    p.add_argument("--append-eod", action="store_true")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--partitions", type=int, default=1)
-    p.add_argument("--log-interval", type=int, default=10000)
-    p.add_argument("--keep-newlines", action="store_true")
-    p.add_argument(
+    add_tokenizer_args(p.add_argument_group(title="tokenizer"))
+    g = p.add_argument_group(title="input data")
+    g.add_argument("--input", required=True)
+    g.add_argument("--json-keys", nargs="+", default=["text"])
+    g.add_argument(
         "--split-sentences",
         action="store_true",
         help="Megatron-LM's NLTK sentence splitting (needs nltk; not supported yet)",
     )
-    p.add_argument("--strict", action="store_true")
-    return p.parse_args(argv)
+    g.add_argument("--keep-newlines", action="store_true")
+    g = p.add_argument_group(title="tokenization process")
+    g.add_argument("--append-eod", action="store_true")
+    g.add_argument("--lang", type=str, default="english", help="NLTK language (with --split-sentences)")
+    g = p.add_argument_group(title="output data")
+    g.add_argument("--output-prefix", required=True)
+    g = p.add_argument_group(title="runtime")
+    g.add_argument("--workers", type=int, default=1)
+    g.add_argument("--partitions", type=int, default=1, help="accepted; one ordered pass whatever the value")
+    g.add_argument("--keep-sequential-samples", action="store_true", help="accepted; output is always in order")
+    g.add_argument("--log-interval", type=int, default=10000)
+    g.add_argument("--strict", action="store_true", help="exit 1 when any input line was skipped")
+    a = p.parse_args(argv)
+    if a.tokenizer_type is None:
+        p.error("the following arguments are required: --tokenizer-type")
+    return a
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
-    tok = build_tokenizer(a.tokenizer_type, **_tok_args(a))  # fail before any work
+    tok = preprocessing_encoder(_options(a))  # fail before any work
     if getattr(a, "split_sentences", False):
         _check_split_sentences()
     if not os.path.exists(a.input):
         raise TokenizerError(f"--input {a.input}: no such file")
-    dtype = _dtype(tok)
+    dtype = optimal_dtype(tok.vocab_size)
     builders, final = {}, {}
     for k in a.json_keys:
         final[k] = f"{a.output_prefix}_{k}_document"
-        builders[k] = IndexedDatasetBuilder(final[k] + ".bin.tmp", dtype=dtype)
+        builders[k] = IndexedDatasetWriter(final[k] + ".bin.tmp", dtype)
     problems: dict[str, list[int]] = {}
     docs = toks = nbytes = 0
     t0 = time.time()
     pool = None
     if a.workers > 1:
-        # Keep the garbage collector off the inherited heap (imports, ~300 MB with
-        # megatron-core) so forked workers do not copy-on-write it page by page.
+        # Keep the garbage collector off the inherited heap so forked workers do not
+        # copy-on-write it page by page.
         gc.freeze()
         pool = mp.get_context("fork").Pool(a.workers, _init, (a,))
     if pool is None:
@@ -200,11 +215,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                     problems.setdefault(val, []).append(lineno)
                     continue
                 docs += 1
-                for k, length in val.items():
+                for k, lengths in val.items():
                     start = offset[k]
-                    offset[k] = start + length
-                    builders[k].add_document(blobs[k][start : start + length], [length] if length else [])
-                    toks += length
+                    size = sum(lengths)
+                    offset[k] = start + size
+                    builders[k].add_document(blobs[k][start : start + size], lengths)
+                    toks += size
             if docs >= next_log:
                 next_log += a.log_interval
                 dt = max(time.time() - t0, 1e-9)
@@ -216,6 +232,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     except BaseException:
         if pool is not None:
             pool.terminate()  # a failed run must not leave workers behind
+        for b in builders.values():
+            b.close()
         raise
     finally:
         if pool is not None:

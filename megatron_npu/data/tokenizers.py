@@ -1,289 +1,354 @@
-"""One tokenizer module for preprocessing and training (Megatron-LM ``--tokenizer-type``).
+"""One tokenizer module for preprocessing and training, with Megatron-LM core_v0.16.1's semantics.
 
-megatron-core 0.16 ships tokenizer backends (``megatron.core.tokenizers``), but their
-constructors differ from Megatron-LM's ``--tokenizer-type`` semantics (BOS/EOS/pad ids of
-GPTSentencePiece/Llama2, padded vocab). The classes here are thin, duck-typed wrappers over
-the fast libraries (sentencepiece C++, HF tokenizers Rust) that satisfy GPTDatasetConfig's
-contract: vocab_size, eod, pad, unique_identifiers, tokenize, detokenize.
+Megatron-LM 0.16.1 builds the tokenizer its data is written and read with from megatron-core's
+own ``megatron.core.tokenizers`` (``build_tokenizer(args)`` in
+``megatron/core/tokenizers/text/utils/build_tokenizer.py``); ``--legacy-tokenizer`` selects
+the old classes of ``megatron/training/tokenizer`` instead. The two differ in ids: the
+SentencePiece types' eod is the model's eos id in the new system and an ``<EOD>`` appended
+after the vocabulary in the legacy ``SentencePieceTokenizer``; the new HuggingFace tokenizer
+adds no post-processor specials (no BOS) unless ``--tokenizer-hf-include-special-tokens``, and
+the new SentencePiece types all encode alike (no Llama-2 BOS).
+
+- ``build_tokenizer``: the new system calls megatron-core's own builder (same object, same
+  ids as Megatron-LM); the legacy one uses ``legacy_tokenizers`` (megatron-core lacks them).
+- ``preprocessing_encoder``: what preprocessing encodes with. Where the new system's ids are
+  library calls (SentencePiece ``encode_as_ids``, the null tokenizer, a HuggingFace tokenizer
+  without extra token flags) it makes those calls directly, batched, without importing
+  megatron-core (torch and megatron.core's package: 5-8 s of start-up per run); everything
+  else goes through ``build_tokenizer``. tests/test_data_tokenizers.py checks them against
+  megatron-core's tokenizers, tests/test_preprocess_upstream.py against Megatron-LM's tool.
+- ``padded_vocab_size``: the model's vocabulary as Megatron-LM computes it: from the legacy
+  tokenizer's size, which its ``megatron/training/global_vars.py`` always builds.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
+import dataclasses
 import os
-from collections import OrderedDict
 from typing import Any
 
-from megatron_npu.data.word_cache import WordCachedEncoder
+from megatron_npu.data.legacy_tokenizers import (
+    GPT2BPETokenizer,
+    GPTSentencePieceTokenizer,
+    HuggingFaceTokenizer,
+    LegacyTokenizer,
+    Llama2Tokenizer,
+    NullTokenizer,
+    SentencePieceTokenizer,
+    TokenizerError,
+)
 from megatron_npu.layout.model_shape import pad_vocab_size  # the one padding rule (planner, report, here)
 from megatron_npu.policy import TOKENIZER_TYPES
 
+__all__ = [
+    "TOKENIZER_TYPES",
+    "TokenizerError",
+    "TokenizerOptions",
+    "add_tokenizer_args",
+    "build_tokenizer",
+    "pad_vocab_size",
+    "padded_vocab_size",
+    "preprocessing_encoder",
+    "training_tokenizer",
+]
 
-class TokenizerError(ValueError):
-    """A missing or wrong tokenizer file/flag; the message names the flag to fix."""
+SENTENCEPIECE_TYPES = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
+_LEGACY_CLASSES: dict[str, type[LegacyTokenizer]] = {
+    "SentencePieceTokenizer": SentencePieceTokenizer,
+    "GPTSentencePieceTokenizer": GPTSentencePieceTokenizer,
+    "Llama2Tokenizer": Llama2Tokenizer,
+}
 
 
-class _Base:
-    name = "base"
+@dataclasses.dataclass(frozen=True)
+class TokenizerOptions:
+    """Megatron-LM 0.16.1's tokenizer flags (``_add_tokenizer_args``), by their dest names."""
 
-    def __init__(self) -> None:
-        self.unique_identifiers: OrderedDict[str, Any] = OrderedDict(class_name=type(self).__name__)
-        self._divisible_by = 128
-        self._tp = 1
+    tokenizer_type: str
+    tokenizer_model: str | None = None
+    vocab_file: str | None = None
+    merge_file: str | None = None
+    vocab_size: int | None = None
+    vocab_extra_ids: int = 0
+    legacy_tokenizer: bool = False
+    tokenizer_metadata: str | None = None
+    tokenizer_special_tokens: tuple[str, ...] | None = None
+    tokenizer_sentencepiece_legacy: bool = False
+    tokenizer_hf_use_fast: bool = False
+    tokenizer_hf_include_special_tokens: bool = False
+    trust_remote_code: bool = False
+    tiktoken_pattern: str | None = None
+    tiktoken_num_special_tokens: int = 1000
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TokenizerOptions:
+        """The options of a parsed command line; flags it lacks keep Megatron-LM's defaults."""
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+        if values.get("tokenizer_special_tokens") is None and getattr(args, "tiktoken_special_tokens", None):
+            values["tokenizer_special_tokens"] = args.tiktoken_special_tokens  # Megatron-LM: deprecated alias
+        if values.get("tokenizer_special_tokens") is not None:
+            values["tokenizer_special_tokens"] = tuple(values["tokenizer_special_tokens"])
+        return cls(**values)
+
+
+def add_tokenizer_args(g: Any) -> None:
+    """Megatron-LM core_v0.16.1's ``_add_tokenizer_args`` (training and tools/preprocess_data.py)."""
+    g.add_argument("--vocab-size", type=int, default=None, help="Size of vocab before EOD or padding.")
+    g.add_argument("--padded-vocab-size", type=int, default=None, help="The model's vocabulary (default: padded).")
+    g.add_argument("--vocab-file", type=str, default=None)
+    g.add_argument("--merge-file", type=str, default=None)
+    g.add_argument("--vocab-extra-ids", type=int, default=0)
+    g.add_argument("--tokenizer-type", type=str, default=None, choices=list(TOKENIZER_TYPES))
+    g.add_argument(
+        "--tokenizer-model",
+        type=str,
+        default=None,
+        help="SentencePiece model file, or a local HuggingFace tokenizer directory.",
+    )
+    g.add_argument("--tokenizer-metadata", type=str, default=None, help="Tokenizer metadata JSON (megatron-core).")
+    g.add_argument("--tokenizer-special-tokens", type=str, nargs="+", default=None)
+    g.add_argument(
+        "--legacy-tokenizer", action="store_true", help="Megatron-LM's legacy tokenizers (default: megatron-core's)."
+    )
+    g.add_argument("--tiktoken-pattern", type=str, default=None)
+    g.add_argument("--tiktoken-num-special-tokens", type=int, default=1000)
+    g.add_argument("--tiktoken-special-tokens", type=str, nargs="+", default=None)
+    g.add_argument("--tokenizer-sentencepiece-legacy", action="store_true")
+    g.add_argument("--tokenizer-hf-use-fast", action="store_true")
+    g.add_argument("--tokenizer-hf-include-special-tokens", action="store_true")
+    g.add_argument("--trust-remote-code", action="store_true")
+
+
+def build_tokenizer(tokenizer_type: str, **options: Any) -> Any:
+    """The tokenizer Megatron-LM 0.16.1 builds for these flags; TokenizerError on bad flags.
+
+    ``options`` are ``TokenizerOptions`` fields (``legacy_tokenizer=True`` for the legacy one).
+    """
+    return build(TokenizerOptions(tokenizer_type, **options))
+
+
+def build(o: TokenizerOptions) -> Any:
+    _check_files(o)
+    return _build_legacy(o) if o.legacy_tokenizer else _build_core(o)
+
+
+def padded_vocab_size(o: TokenizerOptions, tokenizer: Any, divisible_by: int, tensor_parallel: int) -> int:
+    """Megatron-LM pads the vocabulary of its global tokenizer, which is always the legacy one
+    (megatron/training/global_vars.py); a type with no legacy class here pads its own size."""
+    if o.legacy_tokenizer or o.tokenizer_type not in _LEGACY_TYPES:
+        size = tokenizer.vocab_size
+    else:
+        size = _build_legacy(o).vocab_size
+    return pad_vocab_size(size, divisible_by, tensor_parallel)
+
+
+def preprocessing_encoder(o: TokenizerOptions) -> Any:
+    """What preprocessing encodes with: ``vocab_size``, ``eod`` and
+    ``tokenize_batch_arrays(texts)``, the ids ``build(o).tokenize`` gives each text."""
+    if o.legacy_tokenizer:
+        return build(o)
+    _check_files(o)
+    if o.tokenizer_type == "NullTokenizer":
+        # megatron-core's null library: the same ids as Megatron-LM's legacy one
+        return NullTokenizer(_need_vocab_size(o))
+    if o.tokenizer_type in SENTENCEPIECE_TYPES and not (
+        o.tokenizer_metadata or o.tokenizer_special_tokens or o.tokenizer_sentencepiece_legacy
+    ):
+        # megatron-core's SentencePieceTokenizer with these flags is sp.encode_as_ids(text), eod = eos_id
+        return _SentencePieceIds(o.tokenizer_model)
+    if o.tokenizer_type == "HuggingFaceTokenizer" and not (
+        o.tokenizer_metadata or o.tokenizer_special_tokens or o.vocab_file or o.merge_file
+    ):
+        return _HuggingFaceIds(o)
+    return _CoreEncoder(build(o))
+
+
+class _SentencePieceIds:
+    """megatron-core's non-legacy SentencePieceTokenizer ids, through the word cache."""
+
+    def __init__(self, model: str) -> None:
+        from megatron_npu.data.word_cache import WordCachedEncoder
+
+        try:
+            import sentencepiece
+
+            self.sp = sentencepiece.SentencePieceProcessor(model_file=model)
+        except Exception as e:  # sentencepiece raises OSError/RuntimeError on a non-model file
+            raise TokenizerError(f"--tokenizer-model {model}: not a SentencePiece model ({_first_line(e)})") from None
+        self.vocab_size = self.sp.get_piece_size()
+        self.eod = self.sp.eos_id()
+        self._cache = WordCachedEncoder(self.sp)
 
     def tokenize(self, text: str) -> list[int]:
-        raise NotImplementedError
-
-    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        return [self.tokenize(t) for t in texts]
+        return self.sp.encode_as_ids(text)
 
     def tokenize_batch_arrays(self, texts: list[str]) -> list[Any]:
-        """tokenize_batch as integer numpy arrays (preprocessing's form)."""
+        return self._cache.arrays(texts)
+
+
+class _HuggingFaceIds:
+    """megatron-core's HuggingFaceTokenizer ids (``text_to_ids``), a batch per call.
+
+    Built as megatron-core builds it (AutoTokenizer, then the same ``add_special_tokens``);
+    each text's ids are ``convert_tokens_to_ids`` of its tokens without specials, or the
+    call's ``input_ids`` with --tokenizer-hf-include-special-tokens, as there.
+    """
+
+    def __init__(self, o: TokenizerOptions) -> None:
+        try:
+            from transformers import AutoTokenizer
+
+            self.tok = AutoTokenizer.from_pretrained(
+                o.tokenizer_model, use_fast=o.tokenizer_hf_use_fast, trust_remote_code=o.trust_remote_code
+            )
+        except Exception as e:
+            raise TokenizerError(
+                f"--tokenizer-model {o.tokenizer_model}: not a local HuggingFace tokenizer ({_first_line(e)})"
+            ) from None
+        self.tok.add_special_tokens(_hf_special_tokens(self.tok))
+        self.include_special_tokens = o.tokenizer_hf_include_special_tokens
+        eos = self.tok.eos_token
+        self.eod = None if eos is None else self.tok.convert_tokens_to_ids([eos])[0]
+        self.vocab_size = len(self.tok)
+        self._round_trips: Any = None
+
+    def _ids(self, encoding: Any) -> Any:
+        """``convert_tokens_to_ids(encoding.tokens)`` without a Python call per token: an id
+        whose token string converts back to it needs no conversion (checked once per id)."""
         import numpy as np
 
-        return [np.asarray(ids, dtype=np.int64) for ids in self.tokenize_batch(texts)]
-
-    def detokenize(self, ids: Any) -> str:
-        raise NotImplementedError
-
-    @property
-    def eos(self) -> int:
-        return self.eod
-
-    def padded_vocab_size(self, divisible_by: int | None = None, tp: int | None = None) -> int:
-        return pad_vocab_size(
-            self.vocab_size,
-            self._divisible_by if divisible_by is None else divisible_by,
-            self._tp if tp is None else tp,
-        )
-
-
-class NullTokenizer(_Base):
-    """Megatron-LM's _NullTokenizer: text is space-separated ids; eod = vocab_size - 1 + 1."""
-
-    def __init__(self, vocab_size: int) -> None:
-        super().__init__()
-        self._vocab = int(vocab_size)
-        self.eod = self._vocab  # Megatron-LM: vocab_size + 1 ids, eod is the last
-        self.pad = -1
-        self.bos = None
-        self.unique_identifiers["vocab_size"] = self._vocab
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab + 1
+        if self._round_trips is None:
+            tokens = self.tok.convert_ids_to_tokens(list(range(self.vocab_size)))
+            back = [None if t is None else self.tok.convert_tokens_to_ids(t) for t in tokens]
+            self._round_trips = np.array([b == i for i, b in enumerate(back)] + [False])
+        ids = np.asarray(encoding.ids, dtype=np.int64)
+        if self._round_trips[np.clip(ids, -1, self.vocab_size)].all():  # -1 / past the end: False
+            return ids
+        return np.asarray(self.tok.convert_tokens_to_ids(encoding.tokens), dtype=np.int64)
 
     def tokenize(self, text: str) -> list[int]:
-        return [int(x) for x in text.split()]
-
-    def detokenize(self, ids: Any) -> str:
-        return " ".join(str(int(i)) for i in ids)
-
-
-class SentencePieceTokenizer(_Base):
-    """Megatron-LM's _SentencePieceTokenizer: adds <CLS>,<SEP>,<EOD>,<MASK>,<PAD> specials."""
-
-    def __init__(self, model_file: str, vocab_extra_ids: int = 0) -> None:
-        super().__init__()
-        import sentencepiece
-
-        self.sp = sentencepiece.SentencePieceProcessor(model_file=model_file)
-        self.unique_identifiers["model"] = os.path.abspath(model_file)
-        self._init_specials(vocab_extra_ids)
-        self._word_cache: WordCachedEncoder | None = None
-
-    @property
-    def _encode_batch(self) -> WordCachedEncoder:
-        """Batches go through the word cache, built on first use (its probes read the whole
-        vocabulary; training never batches). It encodes with num_threads=1: parallelism comes
-        from --workers processes (sentencepiece would otherwise use every core per worker,
-        oversubscribing the host and making --workers meaningless)."""
-        if self._word_cache is None:
-            self._word_cache = WordCachedEncoder(self.sp)
-        return self._word_cache
-
-    def _init_specials(self, vocab_extra_ids: int) -> None:
-        sp = self.sp
-        self._vocab: dict[str, int] = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
-        self._inv: dict[int, str] = {i: p for p, i in self._vocab.items()}
-        self._special: dict[str, int] = {}
-
-        def add(t: str) -> int:
-            if t not in self._vocab:
-                i = len(self._vocab)
-                self._vocab[t] = i
-                self._inv[i] = t
-            self._special[t] = self._vocab[t]
-            return self._vocab[t]
-
-        self.cls = add("<CLS>")
-        self.sep = add("<SEP>")
-        self.eod = add("<EOD>")
-        self.mask = add("<MASK>")
-        self.pad = add(sp.id_to_piece(sp.pad_id()) if sp.pad_id() >= 0 else "<PAD>")
-        self.bos = add(sp.id_to_piece(sp.bos_id()) if sp.bos_id() >= 0 else "<BOS>")
-        self.eos_id = add(sp.id_to_piece(sp.eos_id()) if sp.eos_id() >= 0 else "<EOS>")
-        for i in range(vocab_extra_ids):
-            add(f"<extra_id_{i}>")
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self._vocab)
-
-    @property
-    def eos(self) -> int:
-        return self.eos_id  # Megatron-LM: the model's own </s>, distinct from the added <EOD>
-
-    def tokenize(self, text: str) -> list[int]:
-        # Megatron-LM: a special token's literal text ("<EOD>", "</s>", ...) becomes its id;
-        # the text between is encoded by SentencePiece. Earliest match first; on a tie the
-        # first-added special wins.
-        ids: list[int] = []
-        idx = 0
-        while True:
-            best, pos = None, -1
-            for t in self._special:
-                j = text.find(t, idx)
-                if j >= 0 and (pos < 0 or j < pos):
-                    best, pos = t, j
-            if best is None:
-                break
-            ids.extend(self.sp.encode(text[idx:pos]))
-            ids.append(self._special[best])
-            idx = pos + len(best)
-        ids.extend(self.sp.encode(text[idx:]))
-        return ids
-
-    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        # The texts with no special-token literal go through the word cache together.
-        plain = [i for i, t in enumerate(texts) if not any(s in t for s in self._special)]
-        out: list[list[int]] = [[] for _ in texts]
-        if plain:
-            encoded = self._encode_batch([texts[i] for i in plain])
-            for i, ids in zip(plain, encoded, strict=True):
-                out[i] = ids
-        if len(plain) < len(texts):
-            done = set(plain)
-            for i, t in enumerate(texts):
-                if i not in done:
-                    out[i] = self.tokenize(t)
-        return out
-
-    def detokenize(self, ids: Any) -> str:
-        # Megatron-LM's format: each special token is written as " <TOKEN> ".
-        ids = [int(i) for i in ids]
-        inv_special = {i: t for t, i in self._special.items()}
-        text, last = "", 0
-        for k, i in enumerate(ids):
-            if i in inv_special:
-                text += self.sp.decode(ids[last:k]) + " " + inv_special[i] + " "
-                last = k + 1
-        return text + self.sp.decode(ids[last:])
-
-
-class GPTSentencePieceTokenizer(SentencePieceTokenizer):
-    """Megatron-LM's _GPTSentencePieceTokenizer: the model's own ids, eod = eos_id, pad = pad_id."""
-
-    def _init_specials(self, vocab_extra_ids: int) -> None:
-        sp = self.sp
-        self.pad = sp.pad_id()
-        self.bos = sp.bos_id()
-        self.eod = self.eos_id = sp.eos_id()
-        self.cls = self.sep = self.mask = -1
-
-    @property
-    def vocab_size(self) -> int:
-        return self.sp.get_piece_size()
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.sp.encode(text)
-
-    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._encode_batch(texts)
-
-    def tokenize_batch_arrays(self, texts: list[str]) -> list[Any]:
-        return self._encode_batch.arrays(texts)
-
-    def detokenize(self, ids: Any) -> str:
-        return self.sp.decode([int(i) for i in ids])
-
-
-class Llama2Tokenizer(GPTSentencePieceTokenizer):
-    """Megatron-LM's _Llama2Tokenizer: tokenize(text, bos=True, eos=False)."""
-
-    def tokenize(self, text: str, bos: bool = True, eos: bool = False) -> list[int]:
-        ids = self.sp.encode(text)
-        return ([self.bos] if bos else []) + ids + ([self.eod] if eos else [])
-
-    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        return [[self.bos, *ids] for ids in self._encode_batch(texts)]
+        if self.include_special_tokens:
+            return self.tok(text).input_ids
+        return self.tok.convert_tokens_to_ids(self.tok.tokenize(text))
 
     def tokenize_batch_arrays(self, texts: list[str]) -> list[Any]:
         import numpy as np
 
-        arrays = self._encode_batch.arrays(texts)
-        bos = np.array([self.bos], dtype=self._encode_batch.dtype)
-        return [np.concatenate((bos, a)) for a in arrays]
+        if not texts:
+            return []
+        if self.include_special_tokens:
+            ids = self.tok(texts).input_ids
+        elif self.tok.is_fast:
+            return [self._ids(e) for e in self.tok(texts, add_special_tokens=False).encodings]
+        else:
+            ids = [self.tokenize(t) for t in texts]
+        return [np.asarray(x, dtype=np.int64) for x in ids]
 
 
-class HuggingFaceTokenizer(_Base):
-    """A local HF tokenizer directory (AutoTokenizer, fast tokenizers preferred)."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        from transformers import AutoTokenizer
-
-        self.tok = AutoTokenizer.from_pretrained(path, local_files_only=True, use_fast=True)
-        self.unique_identifiers["model"] = os.path.abspath(path)
-        self.eod = self.tok.eos_token_id if self.tok.eos_token_id is not None else -1
-        self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eod
-        self.bos = self.tok.bos_token_id
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tok)
-
-    # Megatron-LM's _HuggingFaceTokenizer calls the tokenizer with its defaults, i.e. with the
-    # post-processor's special tokens (a Llama-3 tokenizer prepends <|begin_of_text|>), and its
-    # preprocess_data.py stores exactly that: do the same so datasets match.
-    def tokenize(self, text: str) -> list[int]:
-        return self.tok(text)["input_ids"]
-
-    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        return self.tok(texts)["input_ids"]
-
-    def detokenize(self, ids: Any) -> str:
-        return self.tok.decode([int(i) for i in ids])
+def _hf_special_tokens(tok: Any) -> dict[str, Any]:
+    """What megatron-core's HuggingFaceTokenizer.__init__ adds with no token flags: eos and sep
+    stand in for each other, so do bos and cls; no additional special tokens."""
+    added: dict[str, Any] = {}
+    if tok.sep_token is None and tok.eos_token:
+        added["sep_token"] = tok.eos_token
+    elif tok.eos_token is None and tok.sep_token:
+        added["eos_token"] = tok.sep_token
+    if tok.bos_token is None and tok.cls_token:
+        added["bos_token"] = tok.cls_token
+    if tok.cls_token is None and tok.bos_token:
+        added["cls_token"] = tok.bos_token
+    added["additional_special_tokens"] = []
+    return added
 
 
-class GPT2BPETokenizer(_Base):
-    """GPT-2 byte-level BPE from vocab.json + merges.txt, via HF `tokenizers` (Rust)."""
+class _CoreEncoder:
+    """A megatron-core tokenizer, one ``tokenize`` per text (as Megatron-LM's tool calls it)."""
 
-    def __init__(self, vocab_file: str, merge_file: str) -> None:
-        super().__init__()
-        from tokenizers import ByteLevelBPETokenizer
-
-        self.tok = ByteLevelBPETokenizer(vocab_file, merge_file)
-        self.unique_identifiers["vocab"] = os.path.abspath(vocab_file)
-        self.unique_identifiers["merges"] = os.path.abspath(merge_file)
-        self.eod = self.tok.token_to_id("<|endoftext|>")
-        if self.eod is None:
-            raise TokenizerError(f"--vocab-file {vocab_file}: no <|endoftext|> token")
-        self.pad = self.eod
-        self.bos = None
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tok.get_vocab_size()
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.vocab_size
+        self.eod = tokenizer.eod
 
     def tokenize(self, text: str) -> list[int]:
-        return self.tok.encode(text).ids
+        return self.tokenizer.tokenize(text)
 
-    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(texts)]
+    def tokenize_batch_arrays(self, texts: list[str]) -> list[Any]:
+        import numpy as np
 
-    def detokenize(self, ids: Any) -> str:
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+        return [np.asarray(self.tokenizer.tokenize(t), dtype=np.int64) for t in texts]
+
+
+_LEGACY_TYPES = (*SENTENCEPIECE_TYPES, "HuggingFaceTokenizer", "GPT2BPETokenizer", "NullTokenizer")
+
+
+def _build_legacy(o: TokenizerOptions) -> LegacyTokenizer:
+    t = o.tokenizer_type
+    if t == "NullTokenizer":
+        return NullTokenizer(_need_vocab_size(o))
+    if t in SENTENCEPIECE_TYPES:
+        try:
+            if t == "SentencePieceTokenizer":
+                return SentencePieceTokenizer(o.tokenizer_model, vocab_extra_ids=o.vocab_extra_ids)
+            return _LEGACY_CLASSES[t](o.tokenizer_model)
+        except Exception as e:
+            raise TokenizerError(
+                f"--tokenizer-model {o.tokenizer_model}: not a SentencePiece model ({_first_line(e)})"
+            ) from None
+    if t == "HuggingFaceTokenizer":
+        try:
+            return HuggingFaceTokenizer(o.tokenizer_model, trust_remote_code=o.trust_remote_code)
+        except Exception as e:
+            raise TokenizerError(
+                f"--tokenizer-model {o.tokenizer_model}: not a local HuggingFace tokenizer ({_first_line(e)})"
+            ) from None
+    if t == "GPT2BPETokenizer":
+        try:
+            return GPT2BPETokenizer(o.vocab_file, o.merge_file)
+        except TokenizerError:
+            raise
+        except Exception as e:
+            raise TokenizerError(f"--vocab-file/--merge-file: not GPT-2 BPE files ({_first_line(e)})") from None
+    raise TokenizerError(
+        f"--legacy-tokenizer with --tokenizer-type {t}: megatron-npu has no legacy {t} (Megatron-LM keeps "
+        "it in megatron/training/tokenizer, which megatron-core does not ship); drop --legacy-tokenizer"
+    )
+
+
+def _build_core(o: TokenizerOptions) -> Any:
+    """megatron-core's builder, called as Megatron-LM's tools and pretrain_gpt.py call it."""
+    if o.tokenizer_type == "NullTokenizer":
+        _need_vocab_size(o)
+    from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer as core_build
+
+    args = argparse.Namespace(**dataclasses.asdict(o))
+    if o.tokenizer_special_tokens is not None:
+        args.tokenizer_special_tokens = list(o.tokenizer_special_tokens)
+    try:
+        return core_build(args)
+    except Exception as e:
+        t = o.tokenizer_type
+        files = f"--vocab-file {o.vocab_file} --merge-file {o.merge_file}" if o.vocab_file else ""
+        files = f"--tokenizer-model {o.tokenizer_model}" if o.tokenizer_model else files
+        # megatron-core's GPT-2 BPE loads "gpt2" from the HuggingFace hub whatever --vocab-file says
+        hint = "; offline, --legacy-tokenizer builds it from the local files" if t == "GPT2BPETokenizer" else ""
+        raise TokenizerError(
+            f"{files} --tokenizer-type {t}: megatron-core's tokenizer could not be built "
+            f"({type(e).__name__}: {_first_line(e)}){hint}".lstrip()
+        ) from None
+
+
+def _check_files(o: TokenizerOptions) -> None:
+    t = o.tokenizer_type
+    if t not in TOKENIZER_TYPES:
+        raise TokenizerError(f"--tokenizer-type {t!r}: choose one of {', '.join(TOKENIZER_TYPES)}")
+    if t in (*SENTENCEPIECE_TYPES, "HuggingFaceTokenizer", "TikTokenizer"):
+        _need_file(o.tokenizer_model, "--tokenizer-model", t)
+    elif t == "GPT2BPETokenizer":
+        _need_file(o.vocab_file, "--vocab-file", t)
+        _need_file(o.merge_file, "--merge-file", t)
+    if o.tokenizer_metadata and not o.legacy_tokenizer:
+        _need_file(o.tokenizer_metadata, "--tokenizer-metadata", t)
 
 
 def _need_file(path: str | None, flag: str, kind: str) -> str:
@@ -294,57 +359,24 @@ def _need_file(path: str | None, flag: str, kind: str) -> str:
     return path
 
 
-def build_tokenizer(
-    tokenizer_type: str,
-    *,
-    tokenizer_model: str | None = None,
-    vocab_file: str | None = None,
-    merge_file: str | None = None,
-    vocab_size: int | None = None,
-    make_vocab_size_divisible_by: int = 128,
-    tensor_model_parallel_size: int = 1,
-) -> _Base:
-    """Build a tokenizer as Megatron-LM's --tokenizer-type does; TokenizerError on bad flags."""
-    t = tokenizer_type
-    if t == "NullTokenizer":
-        if vocab_size is None:
-            raise TokenizerError("NullTokenizer needs --vocab-size")
-        tok: _Base = NullTokenizer(vocab_size)
-    elif t in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"):
-        path = _need_file(tokenizer_model, "--tokenizer-model", t)
-        cls = {
-            "SentencePieceTokenizer": SentencePieceTokenizer,
-            "GPTSentencePieceTokenizer": GPTSentencePieceTokenizer,
-            "Llama2Tokenizer": Llama2Tokenizer,
-        }[t]
-        try:
-            tok = cls(path)
-        except TokenizerError:
-            raise
-        except Exception as e:  # sentencepiece raises OSError/RuntimeError on a non-model file
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise TokenizerError(f"--tokenizer-model {path}: not a SentencePiece model ({msg})") from None
-    elif t == "HuggingFaceTokenizer":
-        path = _need_file(tokenizer_model, "--tokenizer-model", t)
-        try:
-            tok = HuggingFaceTokenizer(path)
-        except Exception as e:
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise TokenizerError(f"--tokenizer-model {path}: not a local HuggingFace tokenizer ({msg})") from None
-    elif t == "GPT2BPETokenizer":
-        v = _need_file(vocab_file, "--vocab-file", t)
-        m = _need_file(merge_file, "--merge-file", t)
-        try:
-            with open(v, encoding="utf-8") as f:
-                json.load(f)
-            tok = GPT2BPETokenizer(v, m)
-        except TokenizerError:
-            raise
-        except Exception as e:
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise TokenizerError(f"--vocab-file/--merge-file: not GPT-2 BPE files ({msg})") from None
-    else:
-        raise TokenizerError(f"--tokenizer-type {t!r}: choose one of {', '.join(TOKENIZER_TYPES)}")
-    tok._divisible_by = make_vocab_size_divisible_by
-    tok._tp = tensor_model_parallel_size
-    return tok
+def _need_vocab_size(o: TokenizerOptions) -> int:
+    if o.vocab_size is None:
+        raise TokenizerError("NullTokenizer needs --vocab-size")
+    return o.vocab_size
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def training_tokenizer(args: argparse.Namespace) -> tuple[Any, int]:
+    """pretrain_gpt.py's tokenizer (the one its datasets use, as Megatron-LM's
+    core_gpt_dataset_config_from_args builds it) and the model's vocabulary size
+    (``--padded-vocab-size`` when given, else Megatron-LM's padding)."""
+    o = TokenizerOptions.from_args(args)
+    tokenizer = build(o)
+    padded = getattr(args, "padded_vocab_size", None)
+    if padded is None:
+        padded = padded_vocab_size(o, tokenizer, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
+    return tokenizer, padded

@@ -26,6 +26,8 @@ class LayoutFlags:
     pp: str = "--pp"
     cp: str = "--cp"
     ep: str = "--ep"
+    etp: str = "--etp"
+    num_experts: str = "--num-experts"
     vpp: str = "--vpp"
     num_layers: str = "--num-layers"
     nnodes: str = "--nnodes"
@@ -41,6 +43,7 @@ TRAINER_FLAGS = LayoutFlags(
     pp="--pipeline-model-parallel-size",
     cp="--context-parallel-size",
     ep="--expert-model-parallel-size",
+    etp="--expert-tensor-parallel-size",
     vpp="--num-virtual-stages-per-pipeline-rank",
 )
 
@@ -74,6 +77,10 @@ class ParallelDims:
     devices_per_node: int | None = None
     num_layers: int | None = None
     flags: LayoutFlags = field(default=LAUNCH_FLAGS, compare=False, repr=False)
+    #: expert tensor parallel (megatron-core's expert_tensor_parallel_size); None: the same as TP
+    etp: int | None = None
+    #: experts per MoE layer; 0: a dense model (EP must then be 1); None: not known (rankmap, plan)
+    num_experts: int | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -94,6 +101,8 @@ class ParallelDims:
         devices_per_node: int | None = None,
         num_layers: int | None = None,
         flags: LayoutFlags = LAUNCH_FLAGS,
+        etp: int | None = None,
+        num_experts: int | None = None,
     ) -> ParallelDims:
         """A torchrun launch: world size from nnodes x nproc_per_node, or one node holding every rank."""
         if nnodes is not None and nproc_per_node is not None:
@@ -108,7 +117,9 @@ class ParallelDims:
             raise LayoutError(f"give the world size, or {flags.nnodes} and {flags.nproc_per_node}")
         else:
             world, nnodes, nproc_per_node = world_size, 1, world_size
-        return cls(world, tp, pp, cp, ep, vpp, nnodes, nproc_per_node, devices_per_node, num_layers, flags)
+        return cls(
+            world, tp, pp, cp, ep, vpp, nnodes, nproc_per_node, devices_per_node, num_layers, flags, etp, num_experts
+        )
 
     @classmethod
     def from_args(cls, args: Any, world_size: int, flags: LayoutFlags = TRAINER_FLAGS) -> ParallelDims:
@@ -141,7 +152,12 @@ class ParallelDims:
             vpp = vstages
         if vpp == 1:
             vpp = None  # one virtual stage is no interleaving (Megatron-LM)
-        return cls(world_size, tp, pp, cp, 1, vpp, num_layers=num_layers, flags=flags)
+        ep = int(arg_value(args, "expert_model_parallel_size", 1))
+        etp = arg_value(args, "expert_tensor_parallel_size")
+        experts = arg_value(args, "num_experts")
+        return cls(
+            world_size, tp, pp, cp, ep, vpp, num_layers=num_layers, flags=flags, etp=etp, num_experts=experts or 0
+        )
 
     # ---- rules --------------------------------------------------------------------------------
     def _validate(self) -> None:
@@ -178,8 +194,7 @@ class ParallelDims:
                 f"{f.cp} {self.cp} = {model}; TP x PP x CP must be one of "
                 f"{', '.join(map(str, divisors(self.world_size)))}"
             )
-        if self.dp_cp % self.ep:
-            raise LayoutError(f"{f.ep} {self.ep} must divide DP x CP = {self.dp_cp}")
+        self._validate_experts()
         if self.vpp is not None:
             if self.vpp < 1:
                 raise LayoutError(f"{f.vpp} must be >= 1, got {self.vpp}")
@@ -187,6 +202,33 @@ class ParallelDims:
                 raise LayoutError(f"{f.vpp} (interleaved schedule) needs {f.pp} > 1")
         if self.num_layers is not None:
             self.check_num_layers(self.num_layers)
+
+    def _validate_experts(self) -> None:
+        """megatron-core (0.16) lays the MoE layers out on their own grid, ETP x EP x expert-DP x PP
+        ("MoE parallel folding"): EP and expert TP need not divide the attention's DP, only the world."""
+        f = self.flags
+        if self.etp is not None and self.etp < 1:
+            raise LayoutError(f"{f.etp} must be >= 1, got {self.etp}")
+        if self.num_experts == 0 and self.ep > 1:
+            raise LayoutError(f"{f.ep} {self.ep} needs {f.num_experts} (a dense model has no experts)")
+        if self.num_experts is not None and self.num_experts < 0:
+            raise LayoutError(f"{f.num_experts} must be >= 1, got {self.num_experts}")
+        if self.num_experts and self.num_experts % self.ep:
+            raise LayoutError(
+                f"{f.num_experts} {self.num_experts} is not divisible by {f.ep} {self.ep}: every EP rank holds "
+                f"the same number of experts; EP sizes that fit: {', '.join(map(str, self._fitting_ep()))}"
+            )
+        grid = self.expert_tp * self.ep * self.pp
+        if self.world_size % grid:
+            raise LayoutError(
+                f"world size {self.world_size} is not divisible by {f.etp} {self.expert_tp} x {f.ep} {self.ep} x "
+                f"{f.pp} {self.pp} = {grid} (the experts' grid); EP sizes that fit: "
+                f"{', '.join(map(str, self._fitting_ep()))}"
+            )
+
+    def _fitting_ep(self) -> list[int]:
+        candidates = divisors(self.num_experts) if self.num_experts else divisors(self.world_size)
+        return [e for e in candidates if self.world_size % (self.expert_tp * e * self.pp) == 0]
 
     def check_num_layers(self, num_layers: int) -> None:
         """PP (x virtual stages) must divide the layers."""
@@ -229,6 +271,19 @@ class ParallelDims:
     def dp_cp(self) -> int:
         """DDP's gradient-reduction group: data parallel with context parallel."""
         return self.dp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data parallel of the expert parameters: their gradient-reduction group."""
+        return self.world_size // (self.expert_tp * self.ep * self.pp)
+
+    @property
+    def experts_per_rank(self) -> int:
+        return (self.num_experts or 0) // self.ep
 
     @property
     def model_parallel(self) -> int:

@@ -30,8 +30,13 @@ all-reduce; the 1-float grad-norm all-reduce; the trainer's loss all-reduce over
 last stage (pretrain_gpt.py's 'lm loss' report, [sum, count]: 2 floats); with per-token loss,
 the token count's broadcast over pp and all-reduce over dp (1 int32 each). Full recomputation of
 every layer is an option (unverified). Not modelled: partial recomputation, cross-entropy
-loss fusion, MoE/EP, CP attention traffic,
-logging/eval/checkpoint collectives, one-time set-up collectives.
+loss fusion, CP attention traffic, logging/eval/checkpoint collectives, one-time set-up collectives.
+
+MoE (``--num-experts``, EP > 1, the alltoall dispatcher): the expert all-to-all on the ep group,
+``expert_all_to_all_bytes``; checked byte for byte against a dropless top-2 EP2 run
+(tests/test_moe.py). Not modelled for MoE: the router's small collectives, the expert-TP gathers,
+and the expert parameters' gradient reduction over the expert-data-parallel group (the dp_cp
+figures count dense parameters only).
 
 Checked call for call against CommCounter on real megatron-core steps (gloo, cpu): world 1
 with and without the distributed optimizer, TP2, TP2 + SP + distributed optimizer, PP2
@@ -49,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 
 from megatron_npu.accelerator.facts import PLANNING_FACTS
 from megatron_npu.layout.model_shape import ModelShape, pad_vocab_size
+from megatron_npu.layout.moe import moe_freq_type, moe_layer_pattern
 from megatron_npu.layout.rankmap import LayoutError, RankMap, add_layout_args, build_rank_map
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -56,7 +62,32 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # and override with --intra-gbps / --inter-gbps.
 HCCS_GBPS = PLANNING_FACTS.intra_node_gbps  # GB/s per device inside a node
 ROCE_GBPS = PLANNING_FACTS.inter_node_gbps  # GB/s per device between nodes
-LABELS = ("tp", "pp", "dp_cp", "dp", "embd", "mp", "dist_opt")
+LABELS = ("tp", "pp", "dp_cp", "dp", "embd", "mp", "dist_opt", "ep")
+
+
+def expert_all_to_all_bytes(
+    *,
+    micro_batch_size: int,
+    seq_length: int,
+    hidden_size: int,
+    topk: int,
+    moe_layers: int,
+    microbatches: int,
+    dtype_bytes: int,
+    probs_bytes: int | None = None,
+    tokens_split: int = 1,
+) -> int:
+    """Payload bytes an EP rank hands to all_to_all_single per step (alltoall dispatcher, dropless),
+    as the mean over its EP group: per MoE layer and micro-batch megatron-core sends the tokens and
+    their routing probabilities to the experts and the expert outputs back, and the gradients of
+    all three in backward; each moves every local token-expert pair ([tokens x topk, hidden], and
+    [tokens x topk] probabilities) once. A rank's own figure is its sends (forward dispatch,
+    backward of the combine) plus what routing sends it, so it varies with the routing while the
+    group's sum does not. ``tokens_split``: what divides the router's tokens (TP with sequence
+    parallelism, x CP). ``probs_bytes``: the routing probabilities' dtype (default the params')."""
+    pairs = micro_batch_size * seq_length // tokens_split * topk
+    per_layer = 4 * pairs * hidden_size * dtype_bytes + 2 * pairs * (probs_bytes or dtype_bytes)
+    return per_layer * moe_layers * microbatches
 
 
 @dataclass
@@ -82,6 +113,9 @@ class ModelSpec:
     make_vocab_size_divisible_by: int = 128
     params_dtype: str = "bf16"
     grad_reduce_in_fp32: bool | None = None  # None: Megatron-LM's rule, True for bf16
+    num_experts: int | None = None  # MoE: experts per MoE layer
+    moe_router_topk: int = 2
+    moe_layer_freq: int | list[int] = 1
 
     @classmethod
     def from_shape(cls, shape: ModelShape, **training: object) -> ModelSpec:
@@ -169,6 +203,8 @@ class Item:
             return 2 * (g - 1) / g * n
         if self.op == "all_gather":
             return float((g - 1) * n)
+        if self.op == "all_to_all":  # evenly routed tokens: all but this rank's own share leave it
+            return (g - 1) / g * n
         return (g - 1) / g * n  # reduce_scatter
 
 
@@ -486,6 +522,24 @@ def plan(
             if pp > 1:
                 add("pp", "broadcast", "token count (per-token loss)", 1, 4, ppg, layout.spans_nodes(ppg))
             add("dp_cp", "all_reduce", "token count (per-token loss)", 1, 4, dpg, dp_inter)
+        if model.num_experts and dims.ep > 1:
+            pattern = moe_layer_pattern(model.moe_layer_freq, model.num_layers)
+            starts = [(c * pp + e.pp_rank) * chunk_layers for c in range(vpp)]
+            moe_here = sum(sum(pattern[start : start + chunk_layers]) for start in starts)
+            epg = group("ep", e.rank)
+            # expert_all_to_all_bytes per call: [pairs, hidden] tokens 4x, [pairs] probabilities 2x
+            pairs = model.micro_batch_size * model.seq_length // (cp * (tp if sp else 1)) * model.moe_router_topk
+            ep_inter, calls = layout.spans_nodes(epg), moe_here * mbs
+            add(
+                "ep",
+                "all_to_all",
+                "MoE tokens: dispatch, combine; fwd + bwd",
+                4 * calls,
+                pairs * model.hidden_size * pb,
+                epg,
+                ep_inter,
+            )
+            add("ep", "all_to_all", "MoE routing probs: dispatch; fwd + bwd", 2 * calls, pairs * pb, epg, ep_inter)
         if par.loss_allreduce and last:
             dg = group("dp", e.rank)
             add(
@@ -518,6 +572,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--grad-reduce-in-bf16", action="store_true", help="reduce grads in the param dtype (default fp32 for bf16)"
     )
+    p.add_argument("--moe-router-topk", type=int, default=2)
+    p.add_argument("--moe-layer-freq", type=moe_freq_type, default=1)
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--use-distributed-optimizer", action="store_true")
     p.add_argument("--overlap-grad-reduce", action="store_true")
@@ -545,6 +601,9 @@ def specs_from_args(a: argparse.Namespace) -> tuple[ModelSpec, ParallelSpec]:
         max_position_embeddings=a.max_position_embeddings,
         params_dtype=a.dtype,
         grad_reduce_in_fp32=False if a.grad_reduce_in_bf16 else None,
+        num_experts=a.num_experts,
+        moe_router_topk=a.moe_router_topk,
+        moe_layer_freq=a.moe_layer_freq,
     )
     par = ParallelSpec(
         sequence_parallel=a.sequence_parallel,
@@ -585,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
             nnodes=a.nnodes,
             nproc_per_node=a.nproc_per_node,
             hosts=a.hosts.split(",") if a.hosts else None,
+            etp=a.etp,
+            num_experts=a.num_experts,
         )
         model, par = specs_from_args(a)
         result = plan(model, rmap, par, a.intra_gbps, a.inter_gbps)

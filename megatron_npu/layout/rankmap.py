@@ -46,6 +46,8 @@ class RankMap:
     ranks: list[RankEntry]
     groups: dict[str, list[list[int]]]
     hosts: list[str] | None = field(default=None)
+    etp: int | None = None  # expert tensor parallel; None: TP
+    num_experts: int | None = None
 
     def node_of(self, rank: int) -> int:
         return rank // self.nproc_per_node
@@ -53,7 +55,9 @@ class RankMap:
     @property
     def dims(self) -> ParallelDims:
         """The layout without the placement (validated again: cheap, and a hand-built map gets checked)."""
-        return ParallelDims(self.world_size, self.tp, self.pp, self.cp, self.ep, self.vpp)
+        return ParallelDims(
+            self.world_size, self.tp, self.pp, self.cp, self.ep, self.vpp, etp=self.etp, num_experts=self.num_experts
+        )
 
     def spans_nodes(self, group: list[int]) -> bool:
         return len({self.node_of(r) for r in group}) > 1
@@ -79,9 +83,21 @@ def build_rank_map(
     nproc_per_node: int | None = None,
     hosts: list[str] | None = None,
     num_layers: int | None = None,
+    etp: int | None = None,
+    num_experts: int | None = None,
 ) -> RankMap:
     dims = ParallelDims.for_launch(
-        world_size, tp, pp, cp, ep, vpp, nnodes=nnodes, nproc_per_node=nproc_per_node, num_layers=num_layers
+        world_size,
+        tp,
+        pp,
+        cp,
+        ep,
+        vpp,
+        nnodes=nnodes,
+        nproc_per_node=nproc_per_node,
+        num_layers=num_layers,
+        etp=etp,
+        num_experts=num_experts,
     )
     world, nnodes, nproc, dp = dims.world_size, dims.nnodes, dims.nproc_per_node or dims.world_size, dims.dp
     if hosts is not None and len(hosts) != nnodes:
@@ -94,8 +110,11 @@ def build_rank_map(
     groups["mp"] = gen.get_ranks("tp-pp")  # model-parallel group (grad-norm all-reduce)
     groups["dp_cp"] = gen.get_ranks("dp-cp")  # DDP's gradient-reduction group
     groups["embd"] = [default_embedding_ranks(g) for g in groups["pp"]]
-    egen = RankGenerator(tp=tp, ep=ep, dp=world // (tp * ep * pp), pp=pp, cp=1, order=ORDER)
+    # the experts' own grid (MoE parallel folding): EP sits next to expert TP in the order, so an EP
+    # group is ETP x EP contiguous ranks and stays inside a node whenever that divides the node
+    egen = RankGenerator(tp=dims.expert_tp, ep=ep, dp=dims.expert_dp, pp=pp, cp=1, order=ORDER)
     groups["ep"] = egen.get_ranks("ep")
+    groups["edp"] = egen.get_ranks("dp")  # the expert parameters' gradient reduction
 
     def index_in(name: str, rank: int) -> int:
         for group in groups[name]:
@@ -117,7 +136,7 @@ def build_rank_map(
         )
         for r in range(world)
     ]
-    rmap = RankMap(world, nnodes, nproc, tp, pp, cp, ep, dp, vpp, ranks, groups, hosts)
+    rmap = RankMap(world, nnodes, nproc, tp, pp, cp, ep, dp, vpp, ranks, groups, hosts, etp, num_experts)
     bad = [g for g in groups["tp"] if rmap.spans_nodes(g)]
     if bad:  # cannot happen when tp | nproc; guards against a change of megatron's order
         raise LayoutError(f"TP group {bad[0]} spans nodes; TP must stay on one node")
@@ -135,6 +154,7 @@ def crossings(rmap: RankMap) -> dict[str, list]:
         "pp_boundaries": pp_cross,
         "dp_groups": [g for g in rmap.groups["dp"] if rmap.spans_nodes(g)],
         "cp_groups": [g for g in rmap.groups["cp"] if len(g) > 1 and rmap.spans_nodes(g)],
+        "ep_groups": [g for g in rmap.groups["ep"] if len(g) > 1 and rmap.spans_nodes(g)],
     }
 
 
@@ -166,6 +186,11 @@ def format_table(rmap: RankMap) -> str:
     )
     if rmap.cp > 1:
         out.append(f"CP groups crossing nodes: {len(cross['cp_groups'])} of {len(rmap.groups['cp'])}")
+    if rmap.ep > 1:  # the token all-to-all runs in every MoE layer, forward and backward
+        out.append(
+            f"EP groups crossing nodes: {len(cross['ep_groups'])} of {len(rmap.groups['ep'])}"
+            + (f" (e.g. {cross['ep_groups'][0]}; keep ETP x EP within a node)" if cross["ep_groups"] else "")
+        )
     return "\n".join(out)
 
 
@@ -176,6 +201,8 @@ def add_layout_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--cp", type=int, default=1)
     parser.add_argument("--ep", type=int, default=1)
+    parser.add_argument("--etp", type=int, default=None, help="expert tensor parallel (default: --tp)")
+    parser.add_argument("--num-experts", type=int, default=None, help="MoE: checked against --ep")
     parser.add_argument("--vpp", type=int, default=None)
     parser.add_argument("--hosts", default=None, help="comma-separated host list, one per node")
 
@@ -198,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             nproc_per_node=args.nproc_per_node,
             hosts=hosts,
             num_layers=args.num_layers,
+            etp=args.etp,
+            num_experts=args.num_experts,
         )
     except LayoutError as exc:
         print(f"rankmap: error: {exc}", file=sys.stderr)

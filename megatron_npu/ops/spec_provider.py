@@ -7,7 +7,7 @@ neutral signature and run the torch math where the device has no kernel: the nor
 when asked for with ``--use-flash-attn``) and the SwiGLU activation (megatron-core builds
 a spec'd activation when ``config.use_te_activation_func`` is set; training/config.py
 sets it where the device has the kernel and ``--no-bias-swiglu-fusion`` is not given).
-Linear layers stay megatron-core's own.
+Linear layers stay megatron-core's own, and so do an MoE layer's experts (SequentialMLP).
 
 RoPE has no module here: megatron-core applies it inside SelfAttention, before core
 attention; its fused slot is filled by patches/fused_ops.py and used only when
@@ -19,8 +19,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812
 from megatron.core.models.backends import LocalSpecProvider
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.mlp import MLPSubmodules
+from megatron.core.transformer.moe.experts import SequentialMLP
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.ops.fused import SwiGLU
@@ -50,6 +53,15 @@ class DeviceSpecProvider(LocalSpecProvider):
 
     def activation_func(self) -> type:
         return DeviceActivation
+
+    def grouped_mlp_modules(
+        self, moe_use_grouped_gemm: bool, moe_use_legacy_grouped_gemm: bool
+    ) -> tuple[type, MLPSubmodules]:
+        """The experts of an MoE layer: SequentialMLP, one megatron-core MLP per local expert, with or
+        without ``--moe-grouped-gemm``. megatron-core's grouped modules need the grouped_gemm CUDA package
+        (GroupedMLP) or Transformer Engine (TEGroupedMLP); SequentialMLP is the same math unfused, and
+        its checkpoint keys are the ones megatron-core reshards across EP sizes."""
+        return SequentialMLP, MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
 
 
 class DeviceActivation:

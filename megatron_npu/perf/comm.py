@@ -242,5 +242,8 @@ def megatron_groups() -> dict[str, Any]:
         "embd": ps.get_embedding_group(check_initialized=False),
         "mp": ps.get_model_parallel_group(),
         "dist_opt": ps.get_intra_distributed_optimizer_instance_group(),
+        # MoE: the token all-to-all (EP) and the expert parameters' gradient reduction (expert DP)
+        "ep": ps.get_expert_model_parallel_group(check_initialized=False),
+        "edp": ps.get_expert_data_parallel_group(check_initialized=False),
         "world": dist.group.WORLD,
     }

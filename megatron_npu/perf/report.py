@@ -32,7 +32,10 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from megatron_npu.layout.parallel_dims import ParallelDims
 
 # ---- thresholds (fractions of the mean iteration time unless said otherwise) -----------------------
 # Exposed communication beyond a quarter of the step: scaling is bandwidth-bound; well-tuned
@@ -105,8 +108,20 @@ PLAN_DIMENSIONS = {
     "mp": "grad norm (TP x PP)",
     "dist_opt": "grad norm (dist. opt.)",
     "dp": "loss report (DP)",
+    "ep": "expert all-to-all (EP)",
+    "edp": "expert grad sync (expert DP)",
 }
 HIGH_FREQUENCY = ("tp", "dp_cp")
+
+
+def _expert_groups(dims: ParallelDims) -> list[list[int]]:
+    """The EP groups megatron-core builds (layout.json records the attention grid only)."""
+    from megatron.core.parallel_state import RankGenerator
+
+    from megatron_npu.layout.rankmap import ORDER
+
+    grid = RankGenerator(tp=dims.expert_tp, ep=dims.ep, dp=dims.expert_dp, pp=dims.pp, cp=1, order=ORDER)
+    return grid.get_ranks("ep")
 
 
 class ReportError(Exception):
@@ -278,8 +293,23 @@ def _planner(run: Run, intra: float, inter: float) -> tuple[Any, str | None]:
     try:
         # the run's own layout and shape objects, from its args.json (no placement rule: the run ran)
         dims = ParallelDims.from_args(a, world)
+        if dims.ep > 1:
+            groups["ep"] = _expert_groups(dims)
         rmap = ObservedRankMap(
-            world, len(per_node), max(per_node.values()), dims.tp, dims.pp, dims.cp, 1, dims.dp, dims.vpp, ranks, groups
+            world,
+            len(per_node),
+            max(per_node.values()),
+            dims.tp,
+            dims.pp,
+            dims.cp,
+            dims.ep,
+            dims.dp,
+            dims.vpp,
+            ranks,
+            groups,
+            None,
+            dims.etp,
+            dims.num_experts,
         )
         shape = ModelShape.from_args({**a, "vocab_size": a.get("padded_vocab_size") or a["vocab_size"]})
         model = ModelSpec.from_shape(
@@ -294,6 +324,9 @@ def _planner(run: Run, intra: float, inter: float) -> tuple[Any, str | None]:
             max_position_embeddings=a.get("max_position_embeddings"),
             params_dtype=dtype,
             grad_reduce_in_fp32=a.get("accumulate_allreduce_grads_in_fp32"),
+            num_experts=a.get("num_experts"),
+            moe_router_topk=int(a.get("moe_router_topk") or 2),
+            moe_layer_freq=a.get("moe_layer_freq") or 1,
         )
         par = ParallelSpec(
             sequence_parallel=bool(a.get("sequence_parallel")),
@@ -372,6 +405,9 @@ class CommunicationCheck:
     verdict: str
     measured_tp: bool
     advice: list[str]
+    #: MoE: host seconds inside the EP group's all-to-all per iteration (level 2), mean over ranks.
+    #: The timers count it as compute (it runs inside the layers' forward and backward).
+    expert_all_to_all_s: float = 0.0
 
 
 @dataclass
@@ -549,6 +585,7 @@ def communication_check(
         verdict=_verdict(comm_share > COMM_SHARE_LIMIT),
         measured_tp=level2,
         advice=advice,
+        expert_all_to_all_s=_mean([r.comm_groups.get("ep", {}).get("seconds", 0.0) for r in ranks]),
     )
 
 
@@ -884,6 +921,12 @@ def _check_lines(name: str, c: dict[str, Any], report: dict[str, Any]) -> list[s
         )
         if not c["measured_tp"]:
             out.append("(TP comm not measured at --timing-log-level 1; it is inside compute)")
+        if c.get("expert_all_to_all_s"):
+            ep_s = c["expert_all_to_all_s"]
+            share = ep_s / report["mean_iteration_s"] if report.get("mean_iteration_s") else 0.0
+            out.append(
+                f"expert all-to-all (EP, inside compute): {_ms(ep_s)} ms ({_pct(share)}), host time in the calls"
+            )
     elif name == "traffic":
         out.append(f"{c['nodes']} node(s); threshold: {c['threshold']}")
         out.append(

@@ -22,6 +22,7 @@ from typing import Any
 
 # The refused / ignored flags and the tokenizer types are the project's one policy table.
 from ..policy import IGNORED, REFUSED, TOKENIZER_TYPES, ConfigError, FlagPolicy, check_value, refusal_for
+from .moe_args import add_moe_args
 from .validation import validate_args
 
 __all__ = [
@@ -406,7 +407,13 @@ def _add_distributed_args(p: argparse.ArgumentParser) -> None:
         choices=["nccl", "hccl", "gloo"],
         help="Collective backend; nccl is mapped to the device's backend (hccl on Ascend).",
     )
-    g.add_argument("--distributed-timeout-minutes", type=int, default=10)
+    g.add_argument(
+        "--distributed-timeout-minutes",
+        type=float,  # Megatron-LM's is int; a fraction lets a test bound a hang in seconds
+        default=10,
+        help="Timeout of each collective: a rank waiting longer on a hung one fails, and the job "
+        "with it (fractions accepted: " + _EXT.strip() + ").",
+    )
     g.add_argument("--overlap-grad-reduce", action="store_true", default=False)
     g.add_argument("--defer-embedding-wgrad-compute", action="store_true", default=False)
     g.add_argument("--wgrad-deferral-limit", type=int, default=0)
@@ -474,19 +481,10 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(title="tokenizer")
-    g.add_argument("--vocab-size", type=int, default=None, help="Size of vocab before EOD or padding.")
-    g.add_argument("--vocab-file", type=str, default=None)
-    g.add_argument("--merge-file", type=str, default=None)
-    g.add_argument("--vocab-extra-ids", type=int, default=0)
-    g.add_argument("--tokenizer-type", type=str, default=None, choices=list(TOKENIZER_TYPES))
-    g.add_argument(
-        "--tokenizer-model",
-        type=str,
-        default=None,
-        help="SentencePiece model file, or a local HuggingFace tokenizer directory.",
-    )
-    g.add_argument("--tiktoken-pattern", type=str, default=None)
+    # Megatron-LM core_v0.16.1's tokenizer flags, shared with preprocessing (as upstream shares them)
+    from megatron_npu.data.tokenizers import add_tokenizer_args
+
+    add_tokenizer_args(p.add_argument_group(title="tokenizer"))
 
 
 def _add_logging_args(p: argparse.ArgumentParser) -> None:
@@ -548,6 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tokenizer_args(p)
     _add_logging_args(p)
     _add_misc_args(p)
+    add_moe_args(p)
     return p
 
 

@@ -7,7 +7,8 @@ Layout on disk, as Megatron-LM writes it::
 
 A save is written to ``iter_NNNNNNN.partial`` and renamed when every rank has
 finished, then the tracker file is replaced atomically: a process killed mid-save
-leaves the previous checkpoint and tracker untouched. The distributed optimizer is
+leaves the previous checkpoint and tracker untouched; the next start removes what it
+left (``clean_unfinished_saves``) and says so. The distributed optimizer is
 saved ``fully_reshardable`` (the only format of megatron-core 0.16 that both
 saves and reshards), so a checkpoint loads under another TP/PP/DP layout. The RNG
 states are per (PP, TP) rank and are restored only when the layout is unchanged.
@@ -19,6 +20,7 @@ import argparse
 import os
 import random
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,9 +33,12 @@ from megatron.core.utils import unwrap_model
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.training.arguments import ConfigError
 from megatron_npu.training.global_vars import print_rank_0
+from megatron_npu.training.moe_checkpoint import adapt_optimizer_state, saved_optimizer_count
 
 TRACKER = "latest_checkpointed_iteration.txt"
-DIST_OPT_FORMAT = {"distrib_optim_sharding_type": "fully_reshardable"}
+# chained_optim_avoid_prefix as Megatron-LM: MoE's dense and expert optimizers (a ChainedOptimizer under
+# EP > 1) save under the same keys as one optimizer (EP1), so a checkpoint loads across EP sizes.
+DIST_OPT_FORMAT = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
 # Arguments that fix the shape of the saved tensors: a mismatch is a user error.
 MODEL_SHAPE_ARGS = (
     "num_layers",
@@ -69,12 +74,19 @@ def read_tracker(root: str) -> int | None:
 
 
 def _layout() -> dict[str, int | None]:
-    return {
+    layout = {
         "tp": parallel_state.get_tensor_model_parallel_world_size(),
         "pp": parallel_state.get_pipeline_model_parallel_world_size(),
         "vpp": parallel_state.get_virtual_pipeline_model_parallel_world_size(),
         "dp": parallel_state.get_data_parallel_world_size(),
     }
+    # MoE: the experts' grid, recorded only when it differs from the dense one (so checkpoints
+    # saved before it was recorded still compare equal)
+    ep = parallel_state.get_expert_model_parallel_world_size()
+    etp = parallel_state.get_expert_tensor_parallel_world_size()
+    if ep > 1 or etp != layout["tp"]:
+        layout |= {"ep": ep, "etp": etp}
+    return layout
 
 
 def _rng_state() -> dict[str, Any]:
@@ -120,8 +132,17 @@ def _sharded_state(model: list, optimizer: Any, scheduler: Any, *, optim: bool, 
     return state
 
 
-def save_checkpoint(iteration: int, model: list, optimizer: Any, scheduler: Any, args: argparse.Namespace) -> str:
-    """Save atomically under ``args.save``; returns the checkpoint directory."""
+def save_checkpoint(
+    iteration: int,
+    model: list,
+    optimizer: Any,
+    scheduler: Any,
+    args: argparse.Namespace,
+    before_publish: Callable[[int], None] | None = None,
+) -> str:
+    """Save atomically under ``args.save``; returns the checkpoint directory.
+
+    ``before_publish(iteration)`` runs on every rank once the files are written (the fault tests' seam)."""
     root = args.save
     final = checkpoint_dir(root, iteration)
     partial = final + ".partial"
@@ -144,6 +165,8 @@ def save_checkpoint(iteration: int, model: list, optimizer: Any, scheduler: Any,
         has_rng=not args.no_save_rng,
     )
     dist_checkpointing.save(state, partial)
+    if before_publish is not None:
+        before_publish(iteration)
     dist.barrier()
     if dist.get_rank() == 0:
         _publish(root, partial, final, iteration)
@@ -171,6 +194,31 @@ def _publish(root: str, partial: str, final: str, iteration: int) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def clean_unfinished_saves(root: str) -> None:
+    """Every rank, before loading: rank 0 removes what a save stopped before it was published
+    left under ``root``, saying so. ``ITER.partial`` was never published (the tracker names an
+    older checkpoint). ``ITER.old`` is the previous copy of an iteration saved again: if the
+    stop came between moving it aside and publishing the new copy, it is put back."""
+    if dist.get_rank() == 0 and os.path.isdir(root):
+        _clean_unfinished_saves(root)
+    dist.barrier()  # a restored directory is in place before any rank loads it
+
+
+def _clean_unfinished_saves(root: str) -> None:
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if not (name.startswith("iter_") and name.endswith((".partial", ".old")) and os.path.isdir(path)):
+            continue
+        final = path.rsplit(".", 1)[0]
+        if name.endswith(".old") and not os.path.exists(final):
+            os.rename(path, final)
+            print_rank_0(f"  restored {final} from {name}: a save of the same iteration was stopped")
+            continue
+        shutil.rmtree(path)
+        what = "an unfinished checkpoint save" if name.endswith(".partial") else "the replaced copy of a re-saved one"
+        print_rank_0(f"  removed {path}: {what} (the job stopped while saving)")
 
 
 def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.Namespace) -> int:
@@ -212,7 +260,8 @@ def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.
     for key, chunk in zip(_model_keys(model), model, strict=True):
         unwrap_model(chunk).load_state_dict(state[key])
     if load_optim:
-        optimizer.load_state_dict(state["optimizer"])
+        saved = saved_optimizer_count(common.get("optimizer"))  # MoE: 1 under EP1, 2 under EP > 1
+        optimizer.load_state_dict(adapt_optimizer_state(state["optimizer"], optimizer, saved))
         try:
             scheduler.load_state_dict(state["opt_param_scheduler"])
         except AssertionError as error:  # megatron-core asserts on a changed schedule; say which flags

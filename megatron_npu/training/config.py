@@ -79,6 +79,47 @@ def _optional(args: argparse.Namespace) -> dict:
     return extra
 
 
+# Megatron-LM copies every TransformerConfig field of the same name from args; these are the MoE ones.
+MOE_FIELDS = (
+    "moe_layer_freq",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_intermediate_size",
+    "moe_shared_expert_gate",
+    "moe_router_load_balancing_type",
+    "moe_aux_loss_coeff",
+    "moe_z_loss_coeff",
+    "moe_input_jitter_eps",
+    "moe_router_topk",
+    "moe_router_pre_softmax",
+    "moe_router_score_function",
+    "moe_router_topk_scaling_factor",
+    "moe_router_num_groups",
+    "moe_router_group_topk",
+    "moe_router_dtype",
+    "moe_router_enable_expert_bias",
+    "moe_router_bias_update_rate",
+    "moe_grouped_gemm",
+    "moe_token_dispatcher_type",
+    "moe_expert_capacity_factor",
+    "moe_pad_expert_input_to_capacity",
+    "moe_token_drop_policy",
+    "moe_per_layer_logging",
+)
+
+
+def _moe(args: argparse.Namespace) -> dict:
+    """MoE fields (Megatron-LM's names; ``--num-experts`` is ``num_moe_experts``); none for a dense model."""
+    extra: dict = {
+        "expert_model_parallel_size": args.expert_model_parallel_size,
+        "expert_tensor_parallel_size": args.expert_tensor_parallel_size,
+    }
+    if args.num_experts is None:
+        return extra
+    extra["num_moe_experts"] = args.num_experts
+    extra.update({name: getattr(args, name) for name in MOE_FIELDS})
+    return extra
+
+
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
     activation, gated = _activation(args)
     fusions = available_fusions(args)
@@ -143,6 +184,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         defer_embedding_wgrad_compute=args.defer_embedding_wgrad_compute,
         wgrad_deferral_limit=args.wgrad_deferral_limit,
         **_optional(args),
+        **_moe(args),
         deallocate_pipeline_outputs=True,  # as Megatron-LM; patches/pipeline_parallel.py keeps it off on gloo
         barrier_with_L1_time=False,
     )

@@ -4,6 +4,9 @@ Order of work: arguments and tokenizer are checked before any process group
 exists (a bad flag exits every rank at once, with one message); then process
 groups, seeds, model chunks, DDP, optimizer and scheduler; then an optional
 checkpoint load; then the loop of train steps with logging, evaluation and saves.
+A failure after the process groups exist ends this rank at once with a message naming the
+rank and iteration (start_errors.report_run_error / report_run_failure, then exit_now),
+never a hang: torchrun stops the other ranks of the node, the collective timeout the others.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_model_config
 
 from megatron_npu.accelerator import get_accelerator
-from megatron_npu.data.tokenizers import TokenizerError, build_tokenizer
+from megatron_npu.data.dataset_check import check_dataset_tokenizer
+from megatron_npu.data.tokenizers import TokenizerError, training_tokenizer
 from megatron_npu.spec import uses_fused_attention
-from megatron_npu.start_errors import report_start_error
+from megatron_npu.start_errors import exit_now, report_run_error, report_run_failure, report_start_error
 from megatron_npu.training import checkpointing
 from megatron_npu.training.arguments import ConfigError, parse_args
 from megatron_npu.training.config import ddp_config, optimizer_config, params_dtype
@@ -46,12 +50,14 @@ from megatron_npu.training.data import (
     total_iterations,
     train_valid_test_num_samples,
 )
+from megatron_npu.training.faults import FaultPlan, NonFiniteLoss, check_forward_step
 from megatron_npu.training.global_vars import print_rank_0, print_rank_last, set_global
 from megatron_npu.training.initialize import initialize_distributed, set_random_seed, write_run_files
 from megatron_npu.training.reporting import (
     MetricsWriter,
     finish_wandb,
     iteration_line,
+    moe_losses,
     num_floating_point_operations,
     validation_lines,
 )
@@ -68,16 +74,8 @@ def setup_args(
 ) -> tuple[argparse.Namespace, Any]:
     # Defaults and extra flags go in before validation, as Megatron-LM's initialize_megatron does.
     args = parse_args(argv, extra_args_provider=extra_args_provider, args_defaults=args_defaults)
-    tokenizer = build_tokenizer(
-        args.tokenizer_type,
-        tokenizer_model=args.tokenizer_model,
-        vocab_file=args.vocab_file,
-        merge_file=args.merge_file,
-        vocab_size=args.vocab_size,
-        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-    )
-    args.padded_vocab_size = tokenizer.padded_vocab_size()
+    tokenizer, args.padded_vocab_size = training_tokenizer(args)
+    check_dataset_tokenizer(args, tokenizer)  # a dataset from another tokenizer: one message, before any work
     if args.log_dir is None:
         args.log_dir = args.tensorboard_dir or (os.path.join(args.save, "logs") if args.save else None)
     return args, tokenizer
@@ -215,6 +213,9 @@ class Trainer:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.forward_step = forward_step
+        if args.check_for_nan_in_loss_and_grad:
+            self.forward_step = check_forward_step(forward_step, lambda: args.iteration)
+        self.faults = FaultPlan.from_env()
         self.forward_backward = get_forward_backward_func()
         self.skipped_iterations = 0
         self.nan_iterations = 0
@@ -271,7 +272,8 @@ class Trainer:
         if self.args.overlap_param_gather:  # saved weights must be the gathered, updated ones
             for chunk in self.model:
                 chunk.disable_forward_pre_hook(param_sync=True)
-        checkpointing.save_checkpoint(iteration, self.model, self.optimizer, self.scheduler, self.args)
+        in_save = self.faults.fire_in_save if self.faults else None
+        checkpointing.save_checkpoint(iteration, self.model, self.optimizer, self.scheduler, self.args, in_save)
         if self.args.overlap_param_gather:
             for chunk in self.model:
                 chunk.enable_forward_pre_hook()
@@ -309,6 +311,9 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
     exit_signal = ExitSignal(args.exit_signal_handler).install()
     while iteration < train_iters:
         iteration += 1
+        args.iteration = iteration  # as Megatron-LM: what a failure's message names
+        if trainer.faults:
+            trainer.faults.fire(iteration, trainer.model)
         if args.step_batch_size_schedule:
             size = global_batch_size_at(args, iteration)
             if size != get_current_global_batch_size():
@@ -329,6 +334,8 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
         args.consumed_train_samples += batch_size
         trainer.skipped_iterations += 0 if updated else 1
         loss_values = {key: value.item() for key, value in losses.items()}
+        if args.num_experts is not None:  # every rank: the tracker is reduced across ranks
+            loss_values |= moe_losses(args, get_num_microbatches(), iteration, metrics.tensorboard)
         if any(not math.isfinite(v) for v in loss_values.values()):
             trainer.nan_iterations += 1
         flops = num_floating_point_operations(args, batch_size)
@@ -351,6 +358,7 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
             args.consumed_train_samples,
             {
                 "lm_loss": loss_values.get("lm loss"),
+                **{name: value for name, value in loss_values.items() if name != "lm loss"},
                 "learning_rate": lr,
                 "decoupled_learning_rate": decoupled_lr,
                 "global_batch_size": batch_size,
@@ -511,6 +519,23 @@ def pretrain(
         )
 
     initialize_distributed(args)
+    args.iteration = 0
+    try:
+        return _run(args, model_provider, forward_step_func, train_valid_test_dataset_provider)
+    except NonFiniteLoss as error:  # this rank computed the loss: it is the origin
+        exit_now(report_run_error(str(error)))
+    except Exception as error:
+        stage = f"at iteration {args.iteration}" if args.iteration else "before training"
+        exit_now(report_run_failure(error, f"rank {dist.get_rank()} failed {stage}"))
+
+
+def _run(
+    args: argparse.Namespace,
+    model_provider: Callable,
+    forward_step_func: Callable,
+    train_valid_test_dataset_provider: Callable,
+) -> int:
+    """Everything after the process groups exist; returns the exit status."""
     set_random_seed(args.seed, args.data_parallel_random_init)
     timers = build_timers(args.timing_log_level, args.timing_log_option)
     set_global("timers", timers)
@@ -524,6 +549,8 @@ def pretrain(
     scheduler = build_scheduler(optimizer, args)
     wire_model_config(model, optimizer, timers, args)
     iteration = 0
+    if args.save:
+        checkpointing.clean_unfinished_saves(args.save)
     try:
         if args.load:
             iteration = checkpointing.load_checkpoint(model, optimizer, scheduler, args)

@@ -36,6 +36,59 @@ def num_floating_point_operations(args: argparse.Namespace, batch_size: int) -> 
     )
 
 
+def moe_track_names(args: argparse.Namespace) -> list[str]:
+    """The MoE losses Megatron-LM's training_log tracks, by its names."""
+    balancing = args.moe_router_load_balancing_type
+    # Megatron-LM tests `"aux_loss" in` the collapsed string, so seq_aux_loss alone also prints a
+    # load_balancing_loss of 0; a list of the types tracks only those given.
+    balancing = [balancing] if isinstance(balancing, str) else balancing
+    names = [
+        name
+        for kind, name in (
+            ("aux_loss", "load_balancing_loss"),
+            ("seq_aux_loss", "seq_load_balancing_loss"),
+            ("global_aux_loss", "global_load_balancing_loss"),
+        )
+        if kind in balancing
+    ]
+    if args.moe_z_loss_coeff is not None:
+        names.append("z_loss")
+    return names
+
+
+def moe_losses(args: argparse.Namespace, num_microbatches: int, iteration: int, writer: Any) -> dict[str, float]:
+    """This iteration's MoE aux losses (each the mean over the MoE layers, scaled by 1 / micro-batches,
+    as Megatron-LM's training_log), from megatron-core's tracker, which this clears; every rank calls
+    it (the tracker is reduced across the pipeline and data-parallel groups). ``writer``: TensorBoard
+    or None, scalars under the same names as Megatron-LM's."""
+    import torch
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker, track_moe_metrics
+
+    from megatron_npu.accelerator import get_accelerator
+
+    names = moe_track_names(args)
+    # Every rank needs every name (a pipeline stage with no MoE layer still joins the reduce):
+    # megatron-core's force_initialize allocates them on device "cuda" literally, so they are made here.
+    tracker = get_moe_layer_wise_logging_tracker()
+    for name in names:
+        if name not in tracker:
+            values = torch.zeros(args.num_layers, device=get_accelerator().device())
+            tracker[name] = {"values": values, "reduce_group": None, "avg_group": None, "reduce_group_has_dp": False}
+    totals: dict[str, Any] = {}
+    track_moe_metrics(
+        loss_scale=1 / num_microbatches,
+        iteration=iteration,
+        writer=writer,
+        total_loss_dict=totals,
+        per_layer_logging=args.moe_per_layer_logging,
+        force_initialize=True,
+        track_names=names,
+        num_layers=args.num_layers,
+        moe_layer_freq=args.moe_layer_freq,
+    )
+    return {name: float(value) for name, value in totals.items()}
+
+
 def iteration_line(
     *,
     iteration: int,

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from ..layout.model_shape import ModelShape
 from ..layout.parallel_dims import TRAINER_FLAGS, LayoutError, ParallelDims
 from ..policy import TOKENIZER_TYPES, ConfigError
+from .data_checks import check_indexed_dataset
 
 T = TypeVar("T")
 
@@ -102,6 +103,7 @@ def validate_args(
     args.ffn_hidden_size, args.kv_channels = shape.ffn_hidden_size, shape.kv_channels
     args.num_query_groups = shape.num_query_groups
 
+    _derive_moe(args, warn)
     _check_recompute(args)
     _derive_sequence_parallel(args, warn)
     _derive_weight_decay(args)
@@ -158,7 +160,8 @@ def _derive_constants(args: argparse.Namespace, world_size: int) -> None:
     args.use_mcore_models = True
     args.use_dist_ckpt = True  # torch_dist is the only format
     args.transformer_pipeline_model_parallel_size = args.pipeline_model_parallel_size
-    args.expert_tensor_parallel_size = args.tensor_model_parallel_size
+    if args.expert_tensor_parallel_size is None:  # Megatron-LM: expert TP defaults to TP
+        args.expert_tensor_parallel_size = args.tensor_model_parallel_size
     args.no_mmap_bin_files = not args.mmap_bin_files
 
 
@@ -191,6 +194,39 @@ def _derive_position_embeddings(args: argparse.Namespace) -> None:
             f"{args.max_position_embeddings} (learned absolute position embeddings); raise "
             "--max-position-embeddings or lower --seq-length"
         )
+
+
+def _derive_moe(args: argparse.Namespace, warn: list[str]) -> None:
+    """Megatron-LM's MoE checks and defaults (validate_args); the EP layout is ParallelDims'."""
+    if args.num_experts == 0:
+        args.num_experts = None
+    # one-element lists collapse to the value, as Megatron-LM does
+    for dest in ("moe_router_load_balancing_type", "moe_aux_loss_coeff"):
+        value = getattr(args, dest)
+        if isinstance(value, list) and len(value) == 1:
+            setattr(args, dest, value[0])
+    if args.num_experts is None:
+        return
+    if args.moe_ffn_hidden_size is None:
+        args.moe_ffn_hidden_size = args.ffn_hidden_size
+        warn.append("moe_ffn_hidden_size is not set, using ffn_hidden_size for MoE instead.")
+    if not 1 <= args.moe_router_topk <= args.num_experts:
+        raise ConfigError(
+            f"--moe-router-topk {args.moe_router_topk} must be between 1 and --num-experts {args.num_experts}"
+        )
+    freq = args.moe_layer_freq
+    if isinstance(freq, list) and len(freq) != args.num_layers:
+        raise ConfigError(f"--moe-layer-freq gives {len(freq)} layers; --num-layers is {args.num_layers}")
+    if isinstance(freq, int) and freq < 1:
+        raise ConfigError(f"--moe-layer-freq must be >= 1, got {freq}")
+    if args.add_bias_linear:
+        # megatron-core 0.16.1's expert MLP adds its bias in place to the output of the row-parallel
+        # linear's reduce, which autograd refuses (a view returned by a custom Function)
+        raise ConfigError(
+            "--num-experts needs --disable-bias-linear: megatron-core 0.16.1's experts cannot train with biases"
+        )
+    if args.moe_pad_expert_input_to_capacity and args.moe_expert_capacity_factor is None:
+        raise ConfigError("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor")
 
 
 def _check_recompute(args: argparse.Namespace) -> None:
@@ -475,6 +511,7 @@ def _check_paths(args: argparse.Namespace) -> None:
                     f"{flag} {prefix}: {' and '.join(prefix + e for e in missing)} not found{hint}; build the "
                     "dataset with `megatron-npu preprocess --input FILE.jsonl --output-prefix PREFIX ...`"
                 )
+            check_indexed_dataset(prefix, flag)  # truncated or corrupt: refused now, not mid-run
     if args.mock_data or args.tokenizer_type in (None, "NullTokenizer"):
         return
     t = args.tokenizer_type

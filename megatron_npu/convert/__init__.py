@@ -1,0 +1,1 @@
+"""Hugging Face checkpoints in and out: ``megatron-npu convert`` (see cli.py)."""

@@ -1,0 +1,174 @@
+"""``megatron-npu convert``: Hugging Face model directories to and from pretrain_gpt.py checkpoints.
+
+    megatron-npu convert to-megatron HF_DIR SAVE_DIR --tp 2 --pp 2 [--vpp 2]
+    megatron-npu convert to-hf LOAD_DIR HF_OUT
+
+``to-megatron`` writes ``SAVE_DIR/iter_0000000`` and ``latest_checkpointed_iteration.txt``,
+keeps the HF config and tokenizer files in ``SAVE_DIR/hf_config`` (``to-hf`` reads them back),
+and prints the pretrain_gpt.py flags of the model. Every refusal is checked before torch or
+megatron-core is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import resource
+import shlex
+import shutil
+import sys
+from dataclasses import replace
+
+from megatron_npu.convert.hf_config import ConvertError, ModelSpec, model_spec, read_config
+from megatron_npu.policy import ConfigError
+
+HF_CONFIG_DIR = "hf_config"
+# Files of a model directory that are not weights: config, generation config, tokenizer.
+SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "*.model",
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="megatron-npu convert", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="direction", required=True)
+    to_m = sub.add_parser("to-megatron", help="HF directory -> megatron-core torch_dist checkpoint (iteration 0)")
+    to_m.add_argument("hf_dir")
+    to_m.add_argument("save_dir")
+    to_m.add_argument("--tp", type=int, default=1, help="tensor parallel size the checkpoint is trained with")
+    to_m.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
+    to_m.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per pipeline rank")
+    to_m.add_argument(
+        "--tokenizer-vocab-size",
+        type=int,
+        default=None,
+        help="tokens of the tokenizer you train with (default: the HF directory's tokenizer, else config vocab_size)",
+    )
+    to_hf = sub.add_parser("to-hf", help="a checkpoint of any TP x PP (x VPP) -> HF directory (safetensors)")
+    to_hf.add_argument("load_dir", help="a --save directory (latest_checkpointed_iteration.txt) or one iter_NNNNNNN")
+    to_hf.add_argument("hf_out")
+    to_hf.add_argument(
+        "--hf-config", default=None, help=f"the model's HF directory or config.json (default: LOAD_DIR/{HF_CONFIG_DIR})"
+    )
+    return p
+
+
+def tokenizer_vocab(hf_dir: str) -> int | None:
+    """len() of the directory's tokenizer, which is the count Megatron's HuggingFaceTokenizer pads."""
+    if not glob.glob(os.path.join(hf_dir, "tokenizer*")):
+        return None
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(hf_dir))
+
+
+def suggested_command(spec: ModelSpec, save_dir: str, tp: int, pp: int, vpp: int | None) -> str:
+    layout = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)]
+    if vpp:
+        layout += ["--num-layers-per-virtual-pipeline-stage", str(spec.num_layers // (pp * vpp))]
+    load = ["--load", save_dir, "--finetune", "--no-load-optim", "--no-load-rng"]
+    groups = [spec.flags(), layout, load]
+    kept = os.path.join(save_dir, HF_CONFIG_DIR)
+    if glob.glob(os.path.join(kept, "tokenizer*")):
+        groups.append(["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", kept])
+    return " \\\n    ".join(shlex.join(g) for g in groups)
+
+
+def _to_megatron(ns: argparse.Namespace) -> int:
+    cfg = read_config(ns.hf_dir)
+    vocab = ns.tokenizer_vocab_size if ns.tokenizer_vocab_size is not None else tokenizer_vocab(ns.hf_dir)
+    spec = model_spec(cfg, tp=ns.tp, pp=ns.pp, vpp=ns.vpp, tokenizer_vocab=vocab)
+    from megatron_npu.convert.hf_io import HFReader
+
+    reader = HFReader(ns.hf_dir)  # a missing shard is refused before megatron-core starts
+    from megatron_npu.convert.megatron_io import hf_to_megatron
+
+    print(f"converting {ns.hf_dir} ({cfg['model_type']}, {spec.num_layers} layers) to {ns.save_dir}", flush=True)
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    if window and window < spec.max_position_embeddings:  # megatron-core's local attention has no window
+        print(f"  note: sliding-window attention ({window} tokens) trains as full attention: the same up to {window}")
+    if spec.padded_vocab_size != spec.vocab_size:
+        print(
+            f"  vocabulary: {spec.vocab_size} HF rows -> {spec.padded_vocab_size} (the tokenizer's count padded for TP {ns.tp})"
+        )
+    hf_to_megatron(spec, reader, ns.save_dir, lambda line: print(line, flush=True))
+    kept = os.path.join(ns.save_dir, HF_CONFIG_DIR)
+    os.makedirs(kept, exist_ok=True)
+    for pattern in SIDE_FILES:
+        for path in glob.glob(os.path.join(ns.hf_dir, pattern)):
+            shutil.copy(path, kept)
+    print(f"peak memory (max RSS): {_peak_rss_gib():.2f} GiB")
+    print(
+        "train from it with pretrain_gpt.py and these flags (plus your data, batch and schedule flags; a tokenizer "
+        f"of {vocab or spec.vocab_size} tokens, which --make-vocab-size-divisible-by pads to {spec.padded_vocab_size}):\n"
+    )
+    print("    " + suggested_command(spec, ns.save_dir, ns.tp, ns.pp, ns.vpp))
+    return 0
+
+
+def _load_root(load_dir: str) -> tuple[str, int | None]:
+    """(--load root, --ckpt-step) for a save directory or one of its iter_NNNNNNN."""
+    name = os.path.basename(os.path.normpath(load_dir))
+    if name.startswith("iter_") and name[5:].isdigit():
+        return os.path.dirname(os.path.normpath(load_dir)), int(name[5:])
+    return load_dir, None
+
+
+def _to_hf(ns: argparse.Namespace) -> int:
+    root, step = _load_root(ns.load_dir)
+    source = ns.hf_config or os.path.join(root, HF_CONFIG_DIR)
+    config_dir = os.path.dirname(source) if source.endswith(".json") else source
+    if not os.path.isfile(os.path.join(config_dir, "config.json")):
+        raise ConvertError(
+            f"no HF config.json in {config_dir}: pass --hf-config with the model's HF directory or config.json"
+        )
+    cfg = read_config(config_dir)
+    spec = model_spec(cfg)
+    from megatron.core import dist_checkpointing
+
+    from megatron_npu.convert.hf_io import HFWriter
+    from megatron_npu.convert.megatron_io import megatron_to_hf
+    from megatron_npu.training.checkpointing import checkpoint_dir, read_tracker
+
+    iteration = step if step is not None else read_tracker(root)
+    if iteration is None:
+        raise ConvertError(f"{root}: no latest_checkpointed_iteration.txt: give the iter_NNNNNNN directory")
+    common = dist_checkpointing.load_common_state_dict(checkpoint_dir(root, iteration))
+    # The checkpoint's vocabulary rows were padded for its TP; the HF rows come back out of them.
+    spec = replace(spec, padded_vocab_size=common["model_shape"]["padded_vocab_size"])
+    writer = HFWriter(ns.hf_out)
+    print(f"exporting {checkpoint_dir(root, iteration)} (layout {common['layout']}) to {ns.hf_out}", flush=True)
+    writer.add(megatron_to_hf(spec, root, iteration, lambda line: print(line, flush=True)))
+    writer.close()
+    for pattern in SIDE_FILES:
+        for path in glob.glob(os.path.join(config_dir, pattern)):
+            shutil.copy(path, ns.hf_out)
+    with open(os.path.join(ns.hf_out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    print(f"peak memory (max RSS): {_peak_rss_gib():.2f} GiB")
+    return 0
+
+
+def _peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)  # KiB on Linux
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    try:
+        return _to_megatron(ns) if ns.direction == "to-megatron" else _to_hf(ns)
+    except (ConvertError, ConfigError) as error:  # the trainer's checks (a checkpoint of another model) too
+        print(f"megatron-npu convert: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

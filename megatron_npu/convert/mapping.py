@@ -1,0 +1,144 @@
+"""Which megatron-core tensor is made of which Hugging Face tensors, both ways.
+
+Names are those of one whole GPTModel (TP1, PP1) built with pretrain_gpt.py's local spec:
+dist-checkpointing stores global tensors, so the same checkpoint loads under any TP x PP
+(x VPP) layout. Every transform is a reshape, a concatenation or a transpose, so a round
+trip gives the same bits. Layouts (megatron-core's, not documented in one place):
+
+- ``linear_qkv``: rows grouped per query group, ``[q heads of group g; k_g; v_g]`` for each g,
+  so that a TP shard of rows is whole groups (HF keeps q, k and v apart).
+- ``linear_fc1`` with SwiGLU: ``[gate; up]`` (megatron-core's factory splits each half per TP rank).
+- GPT-2's ``Conv1D`` stores ``[in, out]``: transposed against ``nn.Linear``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from megatron_npu.convert.hf_config import ModelSpec
+
+Tensors = list[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Rule:
+    megatron: str
+    hf: tuple[str, ...]
+    to_megatron: Callable[[Tensors], torch.Tensor]
+    to_hf: Callable[[torch.Tensor], Tensors]
+
+
+def _same(ts: Tensors) -> torch.Tensor:
+    return ts[0]
+
+
+def _one(t: torch.Tensor) -> Tensors:
+    return [t]
+
+
+def _t(ts: Tensors) -> torch.Tensor:
+    return ts[0].t().contiguous()
+
+
+def _t_back(t: torch.Tensor) -> Tensors:
+    return [t.t().contiguous()]
+
+
+def _qkv(spec: ModelSpec) -> tuple[Callable[[Tensors], torch.Tensor], Callable[[torch.Tensor], Tensors]]:
+    groups, d = spec.num_query_groups, spec.kv_channels
+    per_group = spec.num_heads // groups
+
+    def to_megatron(ts: Tensors) -> torch.Tensor:
+        q, k, v = ts
+        rest = q.shape[1:]
+        fused = torch.cat(
+            [q.reshape(groups, per_group * d, *rest), k.reshape(groups, d, *rest), v.reshape(groups, d, *rest)], dim=1
+        )
+        return fused.reshape(-1, *rest)
+
+    def to_hf(t: torch.Tensor) -> Tensors:
+        rest = t.shape[1:]
+        q, k, v = t.reshape(groups, (per_group + 2) * d, *rest).split([per_group * d, d, d], dim=1)
+        return [q.reshape(-1, *rest).contiguous(), k.reshape(-1, *rest).contiguous(), v.reshape(-1, *rest).contiguous()]
+
+    return to_megatron, to_hf
+
+
+def _gpt2_qkv(
+    spec: ModelSpec, weight: bool
+) -> tuple[Callable[[Tensors], torch.Tensor], Callable[[torch.Tensor], Tensors]]:
+    """GPT-2's c_attn is one ``[in, q|k|v]`` tensor (Conv1D): transpose, split, then group."""
+    to_megatron, to_hf = _qkv(spec)
+
+    def in_(ts: Tensors) -> torch.Tensor:
+        fused = ts[0].t() if weight else ts[0]
+        return to_megatron(list(fused.chunk(3, dim=0)))
+
+    def out(t: torch.Tensor) -> Tensors:
+        fused = torch.cat(to_hf(t), dim=0)
+        return [fused.t().contiguous() if weight else fused]
+
+    return in_, out
+
+
+def _vocab(spec: ModelSpec) -> tuple[Callable[[Tensors], torch.Tensor], Callable[[torch.Tensor], Tensors]]:
+    """Megatron's rows: the tokenizer's count padded for TP; rows past the HF ones are zero."""
+
+    def fit(t: torch.Tensor, rows: int) -> torch.Tensor:
+        if t.shape[0] >= rows:
+            return t[:rows].contiguous()
+        return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
+    return (lambda ts: fit(ts[0], spec.padded_vocab_size)), (lambda t: [fit(t, spec.vocab_size)])
+
+
+def rules(spec: ModelSpec) -> Iterator[Rule]:
+    """Every megatron-core tensor of the model and its HF source."""
+    yield from (_gpt2_rules if spec.gpt2 else _llama_rules)(spec)
+
+
+def _llama_rules(spec: ModelSpec) -> Iterator[Rule]:
+    vocab_in, vocab_out = _vocab(spec)
+    qkv_in, qkv_out = _qkv(spec)
+    yield Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), vocab_in, vocab_out)
+    for i in range(spec.num_layers):
+        m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
+        yield Rule(m + "input_layernorm.weight", (h + "input_layernorm.weight",), _same, _one)
+        for kind in ("weight", "bias") if spec.qkv_bias else ("weight",):
+            names = tuple(f"{h}self_attn.{p}_proj.{kind}" for p in "qkv")
+            yield Rule(f"{m}self_attention.linear_qkv.{kind}", names, qkv_in, qkv_out)
+        yield Rule(m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",), _same, _one)
+        yield Rule(m + "pre_mlp_layernorm.weight", (h + "post_attention_layernorm.weight",), _same, _one)
+        yield Rule(
+            m + "mlp.linear_fc1.weight",
+            (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"),
+            lambda ts: torch.cat(ts),
+            lambda t: [c.contiguous() for c in t.chunk(2)],
+        )
+        yield Rule(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), _same, _one)
+    yield Rule("decoder.final_layernorm.weight", ("model.norm.weight",), _same, _one)
+    if not spec.tied_embeddings:
+        yield Rule("output_layer.weight", ("lm_head.weight",), vocab_in, vocab_out)
+
+
+def _gpt2_rules(spec: ModelSpec) -> Iterator[Rule]:
+    vocab_in, vocab_out = _vocab(spec)
+    yield Rule("embedding.word_embeddings.weight", ("transformer.wte.weight",), vocab_in, vocab_out)
+    yield Rule("embedding.position_embeddings.weight", ("transformer.wpe.weight",), _same, _one)
+    for i in range(spec.num_layers):
+        m, h = f"decoder.layers.{i}.", f"transformer.h.{i}."
+        for kind in ("weight", "bias"):
+            linear_in, linear_out = (_t, _t_back) if kind == "weight" else (_same, _one)
+            yield Rule(f"{m}input_layernorm.{kind}", (f"{h}ln_1.{kind}",), _same, _one)
+            yield Rule(
+                f"{m}self_attention.linear_qkv.{kind}", (f"{h}attn.c_attn.{kind}",), *_gpt2_qkv(spec, kind == "weight")
+            )
+            yield Rule(f"{m}self_attention.linear_proj.{kind}", (f"{h}attn.c_proj.{kind}",), linear_in, linear_out)
+            yield Rule(f"{m}pre_mlp_layernorm.{kind}", (f"{h}ln_2.{kind}",), _same, _one)
+            yield Rule(f"{m}mlp.linear_fc1.{kind}", (f"{h}mlp.c_fc.{kind}",), linear_in, linear_out)
+            yield Rule(f"{m}mlp.linear_fc2.{kind}", (f"{h}mlp.c_proj.{kind}",), linear_in, linear_out)
+    for kind in ("weight", "bias"):
+        yield Rule(f"decoder.final_layernorm.{kind}", (f"transformer.ln_f.{kind}",), _same, _one)
