@@ -52,13 +52,22 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _write_error_file(path: str, text: str) -> None:
-    # The agent reads {"message": str, "timestamp": seconds}; the earliest timestamp is the root cause.
-    record = {"message": text, "timestamp": str(int(time.time()))}
+def _write_error_file(path: str, record: dict) -> None:
+    """Replace torchrun's error file with ``record`` at once (the agent may read it any time)."""
     temporary = f"{path}.tmp"
     with open(temporary, "w", encoding="utf-8") as handle:
         json.dump(record, handle)
     os.replace(temporary, path)
+
+
+def _message_record(text: str) -> dict:
+    # The agent reads {"message": str, "timestamp": seconds}; the earliest timestamp is the root cause.
+    return {"message": text, "timestamp": str(int(time.time()))}
+
+
+def _stderr(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def report_start_error(message: str, *, grace_s: float = FOLLOWER_GRACE_S) -> int:
@@ -67,12 +76,11 @@ def report_start_error(message: str, *, grace_s: float = FOLLOWER_GRACE_S) -> in
     error_file = os.environ.get(ERROR_FILE_ENVVAR)
     if not error_file:
         if _rank() == 0:
-            sys.stderr.write(text + "\n")
-            sys.stderr.flush()
+            _stderr(text)
         return EXIT_STATUS
     if _rank() != 0:
         time.sleep(grace_s)  # torchrun ends this process once rank 0 has exited with the message
-    _write_error_file(error_file, text)
+    _write_error_file(error_file, _message_record(text))
     return EXIT_STATUS
 
 
@@ -88,10 +96,9 @@ def report_run_error(message: str) -> int:
     text = PREFIX + message
     error_file = os.environ.get(ERROR_FILE_ENVVAR)
     if error_file:
-        _write_error_file(error_file, text)
+        _write_error_file(error_file, _message_record(text))
     else:
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
+        _stderr(text)
     return RUN_EXIT_STATUS
 
 
@@ -102,8 +109,7 @@ def report_run_failure(error: BaseException, where: str, *, grace_s: float = RUN
     error_file = os.environ.get(ERROR_FILE_ENVVAR)
     header = f"{PREFIX}{where}: {type(error).__name__}: {error}"
     if not error_file:
-        sys.stderr.write(traceback.format_exc() + header + "\n")
-        sys.stderr.flush()
+        _stderr(traceback.format_exc() + header)
         return RUN_EXIT_STATUS
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # --exit-signal-handler must not keep torchrun from stopping us
     time.sleep(grace_s)
@@ -114,8 +120,5 @@ def report_run_failure(error: BaseException, where: str, *, grace_s: float = RUN
             "extraInfo": {"py_callstack": f"{header}\n{traceback.format_exc()}", "timestamp": str(int(time.time()))},
         }
     }
-    temporary = f"{error_file}.tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(record, handle)
-    os.replace(temporary, error_file)
+    _write_error_file(error_file, record)
     return RUN_EXIT_STATUS

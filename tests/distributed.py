@@ -7,6 +7,7 @@ prints one ``RESULT {json}`` line per rank, and ``torchrun()`` returns them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -14,8 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_PREFIX = "RESULT "
@@ -165,3 +168,39 @@ def run(
         stdin=subprocess.DEVNULL,
     )
     return Job(completed.returncode, completed.stdout, completed.stderr)
+
+
+class RunningJob:
+    """A job a test acts on while it runs (signals it, kills it): its process and its log so far."""
+
+    def __init__(self, process: subprocess.Popen, out: Any, timeout_s: float):
+        self.process = process
+        self._out = out
+        self.timeout_s = timeout_s
+
+    def log(self) -> str:
+        """stdout and stderr so far."""
+        self._out.seek(0)
+        return self._out.read()
+
+    def wait_until(self, ready: Callable[[], bool], what: str) -> None:
+        """Poll ``ready`` until it holds; fail naming ``what`` if the job ends first or time runs out."""
+        deadline = time.monotonic() + self.timeout_s
+        while not ready():
+            assert self.process.poll() is None, f"the job ended before {what}:\n{self.log()[-3000:]}"
+            assert time.monotonic() < deadline, f"no {what} within {self.timeout_s} s:\n{self.log()[-3000:]}"
+            time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def running(command: list[str], *, env: dict[str, str], timeout_s: float) -> Iterator[RunningJob]:
+    """Start ``command`` in the repository root; it is killed on leaving the block if still running."""
+    with tempfile.TemporaryFile("w+") as out:
+        process = subprocess.Popen(
+            command, env=env, cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True
+        )
+        try:
+            yield RunningJob(process, out, timeout_s)
+        finally:
+            if process.poll() is None:
+                process.kill()

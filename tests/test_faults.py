@@ -14,16 +14,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
-from distributed import ROOT, Job, base_env, torchrun, torchrun_command
+from distributed import ROOT, Job, base_env, running, torchrun, torchrun_command
 from pretrain_runs import MOCK_DATA, MODEL, PRETRAIN
 
 sys.path.insert(0, str(ROOT))
@@ -123,34 +120,16 @@ def _kill_job_in_save(run_dir: Path, save: Path, iteration: int, *flags: str) ->
     it, then SIGKILL torchrun and every rank at once (a node losing power); returns the log."""
     command = torchrun_command(PRETRAIN, *MODEL, *MOCK_DATA, *flags, "--log-dir", str(run_dir / "logs"), nproc=2)
     pause = f"pausing in the save of iteration {iteration}"
-    with tempfile.TemporaryFile("w+") as out:
-        job = subprocess.Popen(
-            command,
-            env=base_env(MEGATRON_NPU_INJECT_FAULT=f"pause-save@{iteration}"),
-            cwd=str(ROOT),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
-            deadline = time.monotonic() + JOB_TIMEOUT_S
-            while True:
-                out.seek(0)
-                log = out.read()
-                if log.count(pause) == 2:
-                    break
-                assert job.poll() is None, f"the job ended before the save:\n{log[-3000:]}"
-                assert time.monotonic() < deadline, f"no paused save within {JOB_TIMEOUT_S} s:\n{log[-3000:]}"
-                time.sleep(0.2)
-            everyone = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
-            for process in everyone:
-                os.kill(process.pid, signal.SIGKILL)
-            job.wait(timeout=30)
-        finally:
-            if job.poll() is None:
-                job.kill()
-        return log
+    with running(
+        command, env=base_env(MEGATRON_NPU_INJECT_FAULT=f"pause-save@{iteration}"), timeout_s=JOB_TIMEOUT_S
+    ) as job:
+        job.wait_until(lambda: job.log().count(pause) == 2, "paused save on both ranks")
+        log = job.log()
+        everyone = [psutil.Process(job.process.pid), *psutil.Process(job.process.pid).children(recursive=True)]
+        for process in everyone:
+            os.kill(process.pid, signal.SIGKILL)
+        job.process.wait(timeout=30)
+    return log
 
 
 def test_a_job_killed_during_a_save_resumes_from_the_previous_checkpoint(tmp_path):

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import tempfile
-import time
 
-from distributed import ROOT, base_env, torchrun_command
+from distributed import base_env, running, torchrun_command
 from pretrain_runs import MOCK_DATA, MODEL, PRETRAIN, pretrain, train_losses
 
 PREEMPTED_AFTER = 3  # iterations logged before the signal is sent
@@ -23,32 +20,16 @@ def _launch_and_signal(run_dir, *flags: str) -> tuple[int, str]:
     """Start a 2-rank PP2 job, SIGTERM torchrun once PREEMPTED_AFTER iterations are logged."""
     command = torchrun_command(PRETRAIN, *MODEL, *MOCK_DATA, *flags, "--log-dir", str(run_dir / "logs"), nproc=2)
     metrics = run_dir / "logs" / "metrics.jsonl"
-    with tempfile.TemporaryFile("w+") as out:
-        job = subprocess.Popen(
-            command,
-            env=base_env(),
-            cwd=str(ROOT),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
-            deadline = time.monotonic() + 300
-            while True:
-                assert job.poll() is None, "the job ended before it was signalled"
-                assert time.monotonic() < deadline, "no progress within 300 s"
-                lines = metrics.read_text().splitlines() if metrics.exists() else []
-                if sum("lm_loss" in json.loads(line) for line in lines if line.endswith("}")) >= PREEMPTED_AFTER:
-                    break
-                time.sleep(0.2)
-            job.send_signal(signal.SIGTERM)
-            returncode = job.wait(timeout=120)
-        finally:
-            if job.poll() is None:
-                job.kill()
-        out.seek(0)
-        return returncode, out.read()
+
+    def logged_iterations() -> int:
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        return sum("lm_loss" in json.loads(line) for line in lines if line.endswith("}"))
+
+    with running(command, env=base_env(), timeout_s=300) as job:
+        job.wait_until(lambda: logged_iterations() >= PREEMPTED_AFTER, f"{PREEMPTED_AFTER} logged iterations")
+        job.process.send_signal(signal.SIGTERM)
+        returncode = job.process.wait(timeout=120)
+        return returncode, job.log()
 
 
 def test_sigterm_saves_the_iteration_in_flight_stops_every_rank_and_resumes(tmp_path):
