@@ -35,7 +35,7 @@ setup(
         "npu": ["torch_npu"],
         "wandb": ["wandb"],
         "convert": ["safetensors", "transformers"],  # megatron-npu convert (Hugging Face checkpoints)
-        "test": ["pytest>=7", "ruff", "matplotlib", "tensorboard", "wandb", "safetensors", "transformers"],
+        "test": ["pytest>=7", "ruff", "matplotlib", "tensorboard", "wandb", "safetensors", "transformers", "nltk>=3.9"],
     },
     entry_points={"console_scripts": ["megatron-npu=megatron_npu.cli:main"]},
 )

@@ -4,9 +4,11 @@ Writes a random bf16 model with LLaMA-3.2-1B's shape (16 layers, hidden 2048, 32
 8 query groups, ffn 8192, vocab 128256, tied embeddings: 1.24 B parameters, 2.5 GB) as
 safetensors shards, tensor by tensor (no transformers model in memory), then runs
 ``to-megatron`` (TP2 x PP2) and ``to-hf`` each in its own process and prints that
-process's peak RSS (ru_maxrss) next to the model's size.
+process's peak RSS (ru_maxrss) next to the model's size. ``--before TREE`` measures another
+source tree of the project in the same run, after this one (``git archive REV | tar -x -C TREE``,
+then ``ln -s ../patches TREE/megatron_npu/patches``: the editable install maps that package).
 
-    python benchmarks/convert_memory.py [--work DIR] [--layers 16]
+    python benchmarks/convert_memory.py [--work DIR] [--layers 16] [--before TREE]
 """
 
 from __future__ import annotations
@@ -87,10 +89,12 @@ def write_model(path: str, layers: int) -> int:
     return total
 
 
-def peak_of(command: list[str]) -> tuple[float, float]:
+def peak_of(command: list[str], tree: str | None = None) -> tuple[float, float]:
     """(peak RSS GiB, seconds) of one child process: wait4 gives that child's own rusage."""
     start = time.monotonic()
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")])))
+    # in the tree's folder too: `python -m` puts the working directory first on the path
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tree)
     _, status, usage = os.wait4(child.pid, 0)
     child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode != 0:
@@ -102,16 +106,28 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", default=None, help="directory for the model and checkpoints (default: a temporary one)")
     p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--before", default=None, help="another source tree of megatron-npu to measure in the same run")
+    p.add_argument("--write-only", action="store_true", help=argparse.SUPPRESS)
     ns = p.parse_args()
     work = ns.work or tempfile.mkdtemp(prefix="convert-memory-")
-    size = write_model(os.path.join(work, "hf"), ns.layers)
+    if ns.write_only:
+        write_model(os.path.join(work, "hf"), ns.layers)
+        return
+    # The model is written by a child: Linux carries a process's peak RSS across exec into the
+    # processes it starts, so a parent that held the random model would mask the converters' peaks.
+    subprocess.run([sys.executable, __file__, "--work", work, "--layers", str(ns.layers), "--write-only"], check=True)
+    with open(os.path.join(work, "hf", "model.safetensors.index.json")) as f:
+        size = json.load(f)["metadata"]["total_size"]
     params = size // 2
     print(f"model: {params / 1e9:.2f} B parameters, {size / (1 << 30):.2f} GiB bf16 in {work}/hf")
     convert = [sys.executable, "-m", "megatron_npu.cli", "convert"]
-    peak, secs = peak_of([*convert, "to-megatron", f"{work}/hf", f"{work}/megatron", "--tp", "2", "--pp", "2"])
-    print(f"to-megatron: peak RSS {peak:.2f} GiB ({peak * (1 << 30) / size:.2f}x the model), {secs:.0f} s")
-    peak, secs = peak_of([*convert, "to-hf", f"{work}/megatron", f"{work}/back"])
-    print(f"to-hf:       peak RSS {peak:.2f} GiB ({peak * (1 << 30) / size:.2f}x the model), {secs:.0f} s")
+    trees = {"this tree": None, **({f"before ({ns.before})": ns.before} if ns.before else {})}
+    for n, (name, tree) in enumerate(trees.items()):
+        out = os.path.join(work, f"megatron-{n}")
+        peak, secs = peak_of([*convert, "to-megatron", f"{work}/hf", out, "--tp", "2", "--pp", "2"], tree)
+        print(f"{name}: to-megatron: peak RSS {peak:.2f} GiB ({peak * (1 << 30) / size:.2f}x the model), {secs:.0f} s")
+        peak, secs = peak_of([*convert, "to-hf", out, f"{work}/back-{n}"], tree)
+        print(f"{name}: to-hf:       peak RSS {peak:.2f} GiB ({peak * (1 << 30) / size:.2f}x the model), {secs:.0f} s")
 
 
 if __name__ == "__main__":

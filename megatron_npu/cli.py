@@ -2,6 +2,12 @@
 
 Each subcommand lives in its own module as ``main(argv) -> int``; this table is
 the only place that names them, so ``megatron-npu --help`` lists them all.
+
+This process does not patch at import (``megatron_npu.launched_by_command``): ``main``
+applies the patch layer, as ``import megatron_npu`` does elsewhere (``MEGATRON_NPU_AUTOPATCH``
+honoured), before the subcommands marked ``PATCHED``: those that run or report on
+megatron-core. The others (preprocessing, layout tools, migrate, perf-report) start without
+torch unless their own work needs it.
 """
 
 from __future__ import annotations
@@ -9,6 +15,9 @@ from __future__ import annotations
 import importlib
 import sys
 
+import megatron_npu
+
+PATCHED = frozenset({"demo", "doctor", "patches", "convert"})
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("megatron_npu.demo", "doctor, then a small GPT trained with TP2 x PP2 (4 ranks)"),
     "doctor": ("megatron_npu.doctor", "target, backend, versions and the applied patches"),
@@ -48,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"megatron-npu: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    if name in PATCHED:
+        megatron_npu.quiet_expected_fallbacks()
+        if megatron_npu.autopatch_enabled():
+            megatron_npu.patch()
+    else:
+        megatron_npu.quiet_expected_fallbacks(ask_accelerator=False)  # asking would import torch
     module = importlib.import_module(SUBCOMMANDS[name][0])
     if name == "patches":
         rest = ["--patches", *rest]

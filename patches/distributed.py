@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -76,6 +78,16 @@ def _group_wrapper(original: Callable, accelerator: Accelerator) -> Callable:
     return create
 
 
+def _apply_collective_timeout(accelerator: Accelerator, timeout: timedelta) -> None:
+    """The process group's timeout (``--distributed-timeout-minutes``) also bounds what the
+    collective library waits on its own (HCCL's execution and link set-up timeouts): a dead
+    peer then stops every rank within the timeout the user asked for, never later."""
+    environment = accelerator.collective_timeout_environment(timeout, os.environ)
+    for name, value in environment.items():
+        _log.info("%s=%s from the process group timeout (%s)", name, value, timeout)
+    os.environ.update(environment)
+
+
 def _positional_backend(original: Callable, accelerator: Accelerator) -> Callable:
     """init_process_group takes the backend as its first positional argument."""
     wrapped = _group_wrapper(original, accelerator)
@@ -89,6 +101,9 @@ def _positional_backend(original: Callable, accelerator: Accelerator) -> Callabl
         if kwargs.get("backend") is None:
             kwargs["backend"] = accelerator.communication_backend
         kwargs["backend"] = map_backend(kwargs["backend"])
+        timeout = args[1] if len(args) > 1 else kwargs.get("timeout")  # (init_method, timeout, ...)
+        if timeout is not None:
+            _apply_collective_timeout(accelerator, timeout)
         return wrapped(*args, **kwargs)
 
     return init_process_group
@@ -98,7 +113,10 @@ for _module in ("torch.distributed", "torch.distributed.distributed_c10d"):
     register(
         f"{_module}.init_process_group.backend",
         f"{_module}:init_process_group",
-        reason="init_process_group('nccl') and the default backend become the accelerator's",
+        reason=(
+            "init_process_group('nccl') and the default backend become the accelerator's; its timeout"
+            " also sets the collective library's own timeouts where the accelerator names them"
+        ),
         subsystem=SUBSYSTEM,
     )(_positional_backend)
     register(

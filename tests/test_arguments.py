@@ -915,3 +915,44 @@ def test_upstream_megatron_lm_backend_goes_through_the_same_accelerator_question
         adapted("hccl", CudaAccelerator())  # built without a GPU: only its table is read
     assert stopped.value.code == 2
     assert "megatron-npu: error: --distributed-backend hccl: the cuda target cannot run hccl" in capsys.readouterr().err
+
+
+# ---- Megatron-LM core_v0.16.1 flags beyond GPT pretraining: answered, never unrecognised --------
+# (tests/test_upstream_megatron_lm.py checks every flag of that tag's parser against this surface)
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--rl-use-sequence-packing"], "a flag of Megatron-LM's reinforcement learning (GRPO) training"),
+        (["--img-h", "224"], "a flag of Megatron-LM's vision models"),
+        (["--q-lora-rank", "64"], "multi-latent attention is not supported by this trainer"),
+        (["--use-nccl-ub"], "CUDA-only"),
+        (["--fim-data"], "this dataset option is not supported by this trainer; use --data-path"),
+    ],
+)
+def test_megatron_lm_flags_of_other_workflows_are_refused_naming_why(flags, said):
+    message = error(*flags)
+    assert message.startswith(f"{flags[0]} is not supported: ") and said in message, message
+
+
+def test_megatron_lm_telemetry_flags_are_accepted_and_reported_as_without_effect():
+    args = parse("--no-one-logger", "--one-logger-project", "p", "--log-memory-interval", "10")
+    assert [flag for flag, _ in args.ignored_flags] == [
+        "--no-one-logger",
+        "--one-logger-project",
+        "--log-memory-interval",
+    ]
+
+
+def test_exit_signal_is_read_by_name_as_megatron_lm_does():
+    import signal
+
+    assert parse().exit_signal == signal.SIGTERM
+    assert parse("--exit-signal-handler", "--exit-signal", "SIGUSR1").exit_signal == signal.SIGUSR1
+    assert "'SIGFOO' is not a signal name" in error("--exit-signal", "SIGFOO")
+
+
+def test_embedding_init_method_std_reaches_the_model_config():
+    from megatron_npu.training.config import transformer_config
+
+    assert transformer_config(parse("--embedding-init-method-std", "0.005")).embedding_init_method_std == 0.005
+    assert transformer_config(parse("--init-method-std", "0.01")).embedding_init_method_std == 0.01

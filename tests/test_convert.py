@@ -21,7 +21,7 @@ import torch
 from distributed import ROOT, base_env, run, torchrun
 from pretrain_runs import pretrain, train_losses, validation_losses
 
-from megatron_npu.convert.hf_config import ConvertError, model_spec, read_config
+from megatron_npu.convert.hf_config import ConvertError, check_attention_window, model_spec, read_config
 from megatron_npu.data.indexed_writer import IndexedDatasetWriter
 
 transformers = pytest.importorskip("transformers")
@@ -57,16 +57,21 @@ CONFIGS = {
     # learned positions, LayerNorm with biases, Conv1D weights, tied embeddings
     "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=4, n_head=4),
 }
+# Qwen2.5's vocabulary in small: 300 rows, a 200-token tokenizer. No power of two pads 200 to 300,
+# so Megatron-LM's 128 x TP2 gives 256 rows: the 44 past them are cut and must come back.
+CUT_VOCAB = lambda: transformers.Qwen2Config(  # noqa: E731
+    **{**COMMON, "vocab_size": 300}, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6
+)
 LAYOUTS = [[1, 1, None], [2, 2, None], [1, 2, 2]]  # (TP, PP, VPP) on 4 ranks
 # The training document; every sample pretrain_gpt.py reads is it plus its first token.
 DOCUMENT = np.random.default_rng(1).integers(0, VOCAB - 8, SEQ).astype(np.uint16)
 SAMPLE = torch.from_numpy(np.append(DOCUMENT, DOCUMENT[0]).astype(np.int64))
 
 
-def _random_model(family: str) -> torch.nn.Module:
+def _random_model(family: str, config: object = None) -> torch.nn.Module:
     """Every tensor random (norm scales around 1), so a swapped or mis-split tensor shows."""
     torch.manual_seed(hash(family) % 1000)
-    config = CONFIGS[family]()
+    config = config or CONFIGS[family]()
     model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -96,19 +101,32 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
         if family == "llama":  # bf16 weights too (the model keeps its norm scales in fp32)
             model.to(torch.bfloat16).save_pretrained(root / "llama-bf16" / "hf")
             bf16 = {k: str(root / "llama-bf16" / k) for k in ("hf", "megatron", "back")}
+    _random_model("qwen2", CUT_VOCAB()).save_pretrained(root / "qwen2-cut" / "hf")
+    _save_tokenizer(root / "qwen2-cut" / "hf", 200)  # the converter counts it from the directory
+    cut = {k: str(root / "qwen2-cut" / k) for k in ("hf", "megatron", "back")}
     cases_file = root / "cases.json"
-    everything = {"models": cases, "layouts": LAYOUTS, "vpp_models": ["llama"], "roundtrip_only": {"llama-bf16": bf16}}
+    roundtrip_only = {"llama-bf16": bf16, "qwen2-cut": cut}
+    everything = {"models": cases, "layouts": LAYOUTS, "vpp_models": ["llama"], "roundtrip_only": roundtrip_only}
     cases_file.write_text(json.dumps(everything))
     roundtrip = run([sys.executable, str(ROOT / "tests/fixtures/convert_roundtrip.py"), str(cases_file)]).check()
     roundtrip_results = {r["model"]: r for r in roundtrip.results()}
     return {"cases": cases, "file": cases_file, "roundtrip": roundtrip_results, "sample_loss": sample_loss}
 
 
+def _save_tokenizer(model_dir: Path, tokens: int) -> None:
+    from tokenizers import Tokenizer, models
+
+    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(tokens)}, unk_token="t0"))
+    transformers.PreTrainedTokenizerFast(tokenizer_object=words).save_pretrained(model_dir)
+
+
 def test_round_trip_gives_the_same_bits(models: dict) -> None:
-    for family in [*CONFIGS, "llama-bf16"]:
+    for family in [*CONFIGS, "llama-bf16", "qwen2-cut"]:
         result = models["roundtrip"][family]
         assert result["tensors"] > 4 * 6, family
         assert result["differ"] == [] and result["extra"] == [], (family, result)
+    # the import did cut rows: the bits above came back from beside the checkpoint
+    assert "vocabulary: 300 HF rows -> 256" in models["roundtrip"]["qwen2-cut"]["printed"]
 
 
 def _hf_logits(model_dir: str | Path, tokens: torch.Tensor, work: Path) -> torch.Tensor:
@@ -206,10 +224,12 @@ def test_pretrain_continues_from_a_converted_llama_and_exports_back(models: dict
 
 def test_refusals_name_the_fix(models: dict, tmp_path: Path) -> None:
     llama = read_config(models["cases"]["llama"]["hf"])
-    with pytest.raises(ConvertError, match="4 attention heads are not divisible by --tp 8"):
+    with pytest.raises(ConvertError, match="^num_attention_heads 4 is not divisible by --tp 8$"):
         model_spec(llama, tp=8)
-    with pytest.raises(ConvertError, match="2 query groups .* not divisible by --tp 4"):
+    with pytest.raises(ConvertError, match="^num_key_value_heads 2 is not divisible by --tp 4; use a TP size"):
         model_spec(llama, tp=4)
+    with pytest.raises(ConvertError, match="^intermediate_size 96 is not divisible by --tp 64$"):
+        model_spec({**llama, "num_attention_heads": 64, "num_key_value_heads": 64}, tp=64)
     with pytest.raises(ConvertError, match="unsupported architecture BertModel"):
         model_spec({"architectures": ["BertModel"], "model_type": "bert"})
     with pytest.raises(ConvertError, match="tokenizer has 200 tokens but the model's embedding has 128 rows"):
@@ -234,6 +254,68 @@ def test_refusals_name_the_fix(models: dict, tmp_path: Path) -> None:
         f"megatron-npu convert: error: {sharded}: shard model-00001-of-00002.safetensors named by "
         "model.safetensors.index.json is missing: download it again"
     ]
+
+
+def test_refusals_of_the_command(models: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Refused by `convert to-megatron` in one line, before megatron-core starts (so in this process)."""
+    from megatron_npu.convert.cli import main as convert
+
+    def refusal(hf_dir: Path, *flags: str) -> str:
+        assert convert(["to-megatron", str(hf_dir), str(tmp_path / "out"), *flags]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        return line.removeprefix("megatron-npu convert: error: ")
+
+    # The tokenizer is counted from the model directory: one larger than the embedding is refused.
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(Path(models["cases"]["llama"]["hf"], "config.json").read_text())
+    _save_tokenizer(llama, VOCAB + 1)
+    assert refusal(llama) == (
+        f"the tokenizer has {VOCAB + 1} tokens but the model's embedding has {VOCAB} rows: "
+        "use the model's own tokenizer (or pass its size with --tokenizer-vocab-size)"
+    )
+    # Mistral's sliding window: full attention is the same only up to the window.
+    mistral = tmp_path / "mistral"
+    mistral.mkdir()
+    config = read_config(models["cases"]["mistral"]["hf"])
+    (mistral / "config.json").write_text(json.dumps({**config, "sliding_window": 16}))
+    assert refusal(mistral, "--seq-length", "32") == (
+        "sliding-window attention (16 tokens) at --seq-length 32: pretrain_gpt.py's attention has no window, "
+        "so it would differ; convert and train with --seq-length 16 or less"
+    )
+    assert refusal(mistral) == refusal(mistral, "--seq-length", "64")  # the default: max_position_embeddings
+    check_attention_window({**config, "sliding_window": 16}, 16)  # up to the window: accepted
+    check_attention_window({**config, "sliding_window": 16, "use_sliding_window": False}, 64)  # Qwen2's switch
+    # Linear RoPE scaling: the trainer's --rotary-seq-len-interpolation-factor is an integer.
+    linear = {**read_config(models["cases"]["llama"]["hf"]), "rope_scaling": {"rope_type": "linear", "factor": 2.5}}
+    with pytest.raises(ConvertError, match="linear RoPE scaling by 2.5: .* takes an integer"):
+        model_spec(linear)
+
+
+def test_linear_rope_scaling_gives_transformers_angles() -> None:
+    """HF's linear scaling divides the frequencies, megatron-core's interpolation factor the
+    positions: pretrain_gpt.py, given the printed flag, rotates by the same angles."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    from megatron_npu.convert.megatron_io import trainer_args
+
+    config = transformers.LlamaConfig(
+        **COMMON, num_attention_heads=4, rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}
+    )
+    spec = model_spec(config.to_dict())
+    assert "--rotary-seq-len-interpolation-factor 4" in " ".join(spec.flags())
+    args = trainer_args(spec)  # the flags as pretrain_gpt.py's parser reads them
+    megatron = RotaryEmbedding(
+        kv_channels=spec.kv_channels,
+        rotary_percent=1.0,
+        seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor,
+        rotary_base=args.rotary_base,
+        use_cpu_initialization=True,
+    )(SEQ)[:, 0, 0]
+    positions = torch.arange(SEQ)[None]
+    cos, sin = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config)(megatron[None], positions)
+    torch.testing.assert_close(megatron.cos(), cos[0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(megatron.sin(), sin[0], rtol=1e-6, atol=1e-6)
 
 
 def test_printed_flags_describe_the_model(models: dict) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import glob
 import json
+import sys
 
 import pytest
 
@@ -106,3 +108,77 @@ def test_tokenizer_errors(tmp_path):
     assert pad_vocab_size(50257, 128, 2) == 50432
     null = build_tokenizer("NullTokenizer", vocab_size=100)
     assert null.vocab_size == 101 and null.eod == 100
+
+
+def test_partitions_input_is_a_pattern(tmp_path, capsys):
+    """With --partitions > 1, --input is a glob (as in Megatron-LM's tool): line numbers run
+    over the matched files, and a pattern matching nothing is one clear error."""
+    (tmp_path / "shard0.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in "abc"))
+    (tmp_path / "shard1.jsonl").write_text('{"text": "d"}\n{bad\n')
+    pattern = str(tmp_path / "shard?.jsonl")
+    r = run(parse_args(_args(pattern, tmp_path / "o", "--partitions", "2")))
+    before = 3 if glob.glob(pattern)[0].endswith("shard0.jsonl") else 0  # the tool's file order
+    assert r["docs"] == 4 and r["problems"] == {"malformed JSON": [before + 2]}
+    for flags, message in (
+        (["--partitions", "2"], "no file matches"),
+        (["--partitions", "0"], "--partitions 0: must be at least 1"),
+        ([], "no such file"),
+    ):
+        assert main(_args(tmp_path / "none*.jsonl", tmp_path / "o", *flags)) == 2
+        assert message in capsys.readouterr().err
+
+
+def _nltk_data(monkeypatch, root):
+    """nltk's data path set to ``root`` alone (no NLTK_DATA): what nltk finds is only what a test put there."""
+    nltk = pytest.importorskip("nltk", minversion="3.9", reason="nltk >= 3.9 is not installed (pip install nltk)")
+    monkeypatch.delenv("NLTK_DATA", raising=False)
+    monkeypatch.setattr(nltk.data, "path", [str(root)])
+    return nltk
+
+
+def test_split_sentences_needs_nltk_and_its_data(tmp_path, monkeypatch, capsys):
+    """One line naming what to install, before any output is written."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"text": "One. Two."}) + "\n")
+    monkeypatch.setitem(sys.modules, "nltk", None)  # as if not installed
+    assert main(_args(inp, tmp_path / "o", "--split-sentences")) == 2
+    err = capsys.readouterr().err
+    assert "pip install nltk" in err and len(err.strip().splitlines()) == 1
+    monkeypatch.delitem(sys.modules, "nltk")
+    _nltk_data(monkeypatch, tmp_path / "nltk_data")
+    assert main(_args(inp, tmp_path / "o", "--split-sentences", "--lang", "english")) == 2
+    err = capsys.readouterr().err
+    assert "python -m nltk.downloader punkt" in err and "english" in err and len(err.strip().splitlines()) == 1
+    # with NLTK_DATA set Megatron-LM's tool loads $NLTK_DATA/tokenizers/punkt/<lang>.pickle
+    monkeypatch.setenv("NLTK_DATA", str(tmp_path))
+    assert main(_args(inp, tmp_path / "o", "--split-sentences")) == 2
+    err = capsys.readouterr().err
+    assert "tokenizers/punkt/english.pickle" in err and "NLTK_DATA" in err and len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.glob("o_*"))
+
+
+def test_split_sentences_documents(tmp_path, monkeypatch):
+    """Sentences are the sequences of a document in ``_sentence`` files; a value that is not a
+    string is a skipped line (Megatron-LM's splitter fails on it)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    nltk = _nltk_data(monkeypatch, tmp_path / "nltk_data")
+    from nltk.tokenize.punkt import PunktTrainer, save_punkt_params
+
+    trainer = PunktTrainer()
+    trainer.train(" ".join(TEXTS * 20), finalize=True)
+    (tmp_path / "nltk_data" / "tokenizers" / "punkt_tab").mkdir(parents=True)
+    save_punkt_params(trainer.get_params(), dir=str(tmp_path / "nltk_data" / "tokenizers" / "punkt_tab" / "english"))
+    rows = [{"text": "First one here. Then a second one! A third?"}, {"text": ["already", "split"]}, {"text": "Alone"}]
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows * 10))
+    tok = build_tokenizer("GPTSentencePieceTokenizer", tokenizer_model=DEMO_TOKENIZER_MODEL)
+    splitter = nltk.load("nltk:tokenizers/punkt/english.pickle")
+    # two workers: the splitter built before the fork serves them
+    r = run(parse_args(_args(inp, tmp_path / "o", "--split-sentences", "--append-eod", "--workers", "2")))
+    assert r["docs"] == 20 and r["problems"] == {"not a string (--split-sentences)": list(range(2, 30, 3))}
+    ds = IndexedDataset(str(tmp_path / "o_text_sentence"))
+    want = [tok.tokenize(s) for s in splitter.tokenize(rows[0]["text"])]
+    assert len(want) == 3
+    for d, doc in enumerate(([*want[:-1], want[-1] + [tok.eod]], [tok.tokenize("Alone") + [tok.eod]]) * 10):
+        assert [ds[i].tolist() for i in range(ds.document_indices[d], ds.document_indices[d + 1])] == doc

@@ -17,6 +17,7 @@ write with Megatron-LM's own tool.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -125,6 +126,55 @@ def test_preprocessing_encodes_as_megatron_core(hf_dir):
     core, fast = build(o), preprocessing_encoder(o)
     assert (fast.vocab_size, fast.eod) == (core.vocab_size, core.eod) == (1001, 1000)
     assert [a.tolist() for a in fast.tokenize_batch_arrays(["5 17 999", "0"])] == [[5, 17, 999], [0]]
+
+
+def test_huggingface_direct_path_is_transformers_backend(hf_dir, tmp_path):
+    """The tokenizers-only encoder holds the very backend transformers builds for megatron-core
+    (same serialisation, after megatron-core's special tokens), and gives its ids; a directory
+    with anything transformers acts on while loading goes through transformers instead."""
+    import shutil
+
+    from megatron_npu.data.hf_fast import _TokenizersIds, direct_encoder
+
+    saved = json.loads((Path(hf_dir) / "tokenizer.json").read_text())["added_tokens"]
+    declared = {"added_tokens_decoder": {str(t.pop("id")): t for t in saved}}  # as transformers 4 saves it
+    variants = {
+        "as saved": {},
+        "eos as sep, bos as cls": {"sep_token": "eos_token", "cls_token": "bos_token"},
+        "added tokens declared": declared,
+    }
+    corpus = [*TEXTS, *CORPUS, *TRICKY, "<pad><s></s> x"]
+    for name, changes in variants.items():  # a string moves that key's value, anything else is set
+        d = tmp_path / name.replace(" ", "-").replace(",", "")
+        shutil.copytree(hf_dir, d)
+        config = json.loads((d / "tokenizer_config.json").read_text())
+        for key, value in changes.items():
+            config[key] = config.pop(value) if isinstance(value, str) else value
+        (d / "tokenizer_config.json").write_text(json.dumps(config))
+        for include in (False, True):
+            o = TokenizerOptions(
+                "HuggingFaceTokenizer", tokenizer_model=str(d), tokenizer_hf_include_special_tokens=include
+            )
+            core, fast = build(o), preprocessing_encoder(o)
+            assert isinstance(fast, _TokenizersIds), name
+            assert fast.tok.to_str() == core._tokenizer.tokenizer.backend_tokenizer.to_str(), name
+            assert (fast.vocab_size, fast.eod) == (core.vocab_size, core.eod), name
+            assert [a.tolist() for a in fast.tokenize_batch_arrays(corpus)] == [core.tokenize(t) for t in corpus]
+    declined = {
+        "add_bos_token": {"add_bos_token": True},  # transformers rewrites the post-processor
+        "model class": {"tokenizer_class": "LlamaTokenizer"},
+        "new special": {"mask_token": "<mask>"},  # not in tokenizer.json: transformers adds it
+        "other added token": {"added_tokens_decoder": {"2": {"content": "</s>", "lstrip": True}}},
+        "unknown key": {"some_future_option": 1},
+    }
+    for name, change in declined.items():
+        d = tmp_path / name.replace(" ", "-")
+        shutil.copytree(hf_dir, d)
+        config = {**json.loads((d / "tokenizer_config.json").read_text()), **change}
+        (d / "tokenizer_config.json").write_text(json.dumps(config))
+        assert direct_encoder(str(d), False) is None, name
+    (tmp_path / "as-saved" / "special_tokens_map.json").write_text("{}")
+    assert direct_encoder(str(tmp_path / "as-saved"), False) is None
 
 
 def test_padded_vocab_as_megatron_lm():

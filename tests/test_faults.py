@@ -3,7 +3,7 @@
 Each scenario is one real pretrain_gpt.py job under torchrun (the killed save adds the
 restart that must load the previous checkpoint), with the fault injected through the test
 seam MEGATRON_NPU_INJECT_FAULT (megatron_npu/training/faults.py): the rank kills itself
-with SIGKILL, raises, has a parameter poisoned with NaN, or pauses inside a save while the
+with SIGKILL, raises, has a parameter or its gradient poisoned with NaN, or pauses inside a save while the
 test kills the whole job. Each asserts torchrun's failure summary (what the user reads)
 and what is left on disk. A truncated or corrupt .bin/.idx is refused by the argument
 checks, before any process group, so those cases call pretrain() in this process.
@@ -99,6 +99,19 @@ def test_a_nan_loss_stops_the_job_naming_the_iteration(tmp_path):
     assert "--check-for-nan-in-loss-and-grad" in root and "Traceback" not in root, root
     _assert_follower_was_stopped(job.stderr, others)
     assert _logged_iterations(tmp_path) == [1, 2]
+
+
+def test_a_nan_gradient_under_a_finite_loss_stops_the_job_naming_the_iteration(tmp_path):
+    # DP2: rank 1's gradient is NaN, its loss is not; megatron-core's DDP finds it before the reduction
+    job = _run_with_fault(tmp_path, "nan-grad@2:1", "--train-iters", "6")
+
+    assert job.returncode != 0
+    root, others = _failures(job.stderr)
+    assert "rank      : 1 (local_rank: 1)" in root, root
+    assert "megatron-npu: error: iteration 2: a gradient is nan on rank 1 (bucket #" in root, root
+    assert "while the loss is finite" in root and "Traceback" not in root, root
+    _assert_follower_was_stopped(job.stderr, others)
+    assert _logged_iterations(tmp_path) == [1]
 
 
 def test_a_run_failure_outside_torchrun_prints_its_traceback_then_where_it_happened(monkeypatch, capsys):

@@ -108,7 +108,7 @@ EXPECTED_BASH = {
         10: {"nccl-debug"},
         11: {"buffsize"},
         12: {"nvte"},
-        13: {"alloc-conf", "connect-timeout", "exec-timeout", "npu-dir", "added-header"},
+        13: {"alloc-conf", "connect-timeout", "npu-dir", "added-header"},
         44: {"transformer-impl"},
         72: {"tp-comm-overlap"},
         75: {"backend"},
@@ -118,7 +118,7 @@ EXPECTED_BASH = {
     },
     "llama2_7b_string_args.sh": {
         7: {"nccl-other"},
-        8: {"torch-nccl", "connect-timeout", "exec-timeout", "npu-dir", "added-header"},
+        8: {"torch-nccl", "connect-timeout", "npu-dir", "added-header"},
         43: {"transformer-impl"},
         57: {"tp-comm-overlap"},
         72: {"entry"},

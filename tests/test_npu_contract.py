@@ -120,7 +120,7 @@ def test_every_torch_npu_namespace_symbol_we_call_exists(wheel):
 def test_every_fused_op_we_name_exists_with_the_documented_arguments(wheel):
     ops = registered_ops(wheel)
     named = fused_ops_named()
-    assert named == {"npu_fusion_attention", "npu_rms_norm", "npu_swiglu", "npu_rotary_mul"}
+    assert named == {"npu_fusion_attention", "npu_rms_norm", "npu_swiglu", "npu_rotary_mul", "npu_grouped_matmul"}
     assert not sorted(named - set(ops)), "fused op missing from torch_npu 2.14.0"
     assert ops["npu_fusion_attention"][:5] == ["query", "key", "value", "head_num", "input_layout"]
     assert {"atten_mask", "scale", "keep_prob", "pre_tockens", "next_tockens", "sparse_mode"} <= set(
@@ -131,6 +131,25 @@ def test_every_fused_op_we_name_exists_with_the_documented_arguments(wheel):
     assert ops["npu_swiglu"] == ["x", "dim"]
     assert ops["npu_rotary_mul"][:4] == ["embedding", "cosine", "sine", "mode"]  # mode defaults to 'half'
     assert "mode='half'" in wheel.read("torch_npu/op_plugin/meta/_meta_registrations.py").decode()
+    # npu_grouped_matmul([x], weights, group_list=, split_item=, group_type=, group_list_type=)
+    assert ops["npu_grouped_matmul"][:2] == ["x", "weight"]
+    assert {"group_list", "split_item", "group_type", "group_list_type"} <= set(ops["npu_grouped_matmul"])
+
+
+def test_the_grouped_matmul_we_call_takes_our_grouping_and_has_no_autograd_of_its_own(wheel):
+    """NpuAccelerator groups rows (group_type 0, forward and dx) and the K axis (group_type 2, the
+    weight gradients) with counts as a tensor (group_list_type 1); it writes the backward itself
+    because torch_npu 2.14.0 registers no autograd formula for the op."""
+    meta = wheel.read("torch_npu/op_plugin/meta/_meta_registrations.py").decode()
+    assert "group_type == -1 or group_type == 0 or group_type == 2" in meta
+    functions = wheel.read("torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml").decode()
+    autograd = functions.split("\nbackend:", 1)[0]
+    assert autograd.startswith("autograd:") and "npu_grouped_matmul" not in autograd
+    # the overload of a Tensor group_list (ours: counts on the device) is the one with group_list_type
+    (schema,) = [line for line in functions.splitlines() if line.startswith("  func: npu_grouped_matmul(")]
+    assert "Tensor? group_list=None" in schema and "int? group_list_type=0" in schema
+    grouping = {"group_list", "split_item", "group_type", "group_list_type"}
+    assert fused_op_calls()["npu_grouped_matmul"] == [(2, grouping), (2, grouping)]
 
 
 def fused_op_calls() -> dict[str, list[tuple[int, set[str]]]]:
@@ -170,6 +189,7 @@ def test_fused_kernels_keep_the_neutral_signatures_of_accelerator_fused_kernel()
         "swiglu": ["x"],
         "rotary": ["t", "cos", "sin"],
         "flash_attention": ["query", "key", "value", "softmax_scale", "dropout_p"],
+        "grouped_matmul": ["x", "weights", "tokens_per_expert"],
     }
     assert set(expected) == set(npu._FUSED_KERNELS)
     for key, params in expected.items():

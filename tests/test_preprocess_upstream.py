@@ -18,16 +18,26 @@ Upstream facts these tests pin down:
   ``.bin`` is complete): those ``.bin`` files and the last ``.idx`` are what is compared.
 - megatron-core's GPT2BPETokenizer resolves "gpt2" on the HuggingFace hub whatever
   --vocab-file says: offline only --legacy-tokenizer builds it (this project says so).
+- --split-sentences with one partition: the first run only writes the sentences to
+  ``<input>_ss.jsonl`` and exits; a second run encodes that file into ``_sentence`` files.
+  The splitter is ``nltk.load("nltk:tokenizers/punkt/<lang>.pickle")`` (NLTK_DATA unset),
+  which nltk >= 3.9 serves from the ``punkt_tab`` model: the tests train one with nltk's
+  ``PunktTrainer`` and install it under a temporary HOME's ``nltk_data``, no download.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import re
+import site
+import struct
 import sys
 from pathlib import Path
 
 import pytest
 from distributed import ROOT, base_env, run
+from packaging.version import Version
 from test_data_tokenizers import gpt2_files, hf_dir  # noqa: F401  (fixtures: tiny local tokenizer files)
 from test_upstream_megatron_lm import TARBALL, TARBALL_ENVVAR, env_for, megatron_lm  # noqa: F401  (fixture)
 
@@ -41,18 +51,25 @@ pytestmark = pytest.mark.skipif(
 # Megatron-LM's tool once per argv list, in one process; its failures happen in child
 # processes (exit status 0), so the test checks the files each run should have written.
 UPSTREAM_DRIVER = """
-import json, runpy, sys
+import glob, json, runpy, sys
 import megatron_npu  # the patch layer: Megatron-LM's megatron/training imports off CUDA
 tool, configs = sys.argv[1], json.load(open(sys.argv[2]))
 for argv in configs:
     sys.argv = [tool, *argv]
     runpy.run_path(tool, run_name="__main__")
+    prefix = argv[argv.index("--output-prefix") + 1]
+    print("WROTE", len(glob.glob(prefix + "_*")), prefix, flush=True)
 """
+# As `megatron-npu preprocess` runs (no patch layer at import); prints the configurations
+# after which torch was imported.
 OURS_DRIVER = """
 import json, sys
+MEGATRON_NPU_LAUNCHER = True
 from megatron_npu.data.preprocess import main
 for argv, status in json.load(open(sys.argv[1])):
     assert main(argv) == status, argv
+    print("TORCH", "torch" in sys.modules, argv[argv.index("--output-prefix") + 1])
+    print("NLTK", "nltk" in sys.modules, argv[argv.index("--output-prefix") + 1])
 """
 OFFLINE = {"HF_HUB_OFFLINE": "1"}  # nothing here may reach for the HuggingFace hub
 
@@ -63,6 +80,18 @@ EDGE_DOCS = [
     {"text": "café naïve ✓ 42 \n\t tabs,  double  spaces and newlines\n", "title": "Unicode"},
     {"text": "   ", "title": ""},
 ]
+
+
+def _nltk_version() -> Version | None:
+    try:
+        return Version(importlib.metadata.version("nltk"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# nltk >= 3.9 reads the punkt_tab model the tests train (older ones want a pickle)
+HAVE_NLTK = (_nltk_version() or Version("0")) >= Version("3.9")
+NO_NLTK = "nltk >= 3.9 is not installed (pip install nltk): --split-sentences is not compared"
 NULL_DOCS = [{"text": "1 2 3 69999", "title": "7"}, {"text": ["4 5", "6"], "title": "8 9"}, {"text": "0", "title": "1"}]
 
 
@@ -78,11 +107,60 @@ def corpora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     text.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     ids = d / "ids.jsonl"
     ids.write_text("".join(json.dumps(r) + "\n" for r in NULL_DOCS))
-    return {"text": text, "ids": ids}
+    # --partitions globs its input and writes partition files beside it, reused by a later
+    # run: one directory per configuration, a pattern the partition files do not match
+    # (two files dealt round-robin; one file for the sequential case, whose order is then known)
+    lines = text.read_text(encoding="utf-8").splitlines(keepends=True)
+    shards = {"round-robin": {"a": lines[:25], "b": lines[25:]}, "sequential": {"a": lines}}
+    for name, files in shards.items():
+        (d / name).mkdir()
+        for stem, part in files.items():
+            (d / name / f"{stem}.jsonl").write_text("".join(part), encoding="utf-8")
+    # --split-sentences writes <input>_ss.jsonl beside its input and reuses it: one directory
+    # per configuration; string values only (Megatron-LM's splitter fails on a list)
+    split = {}
+    for name in ("split", "split-keep-newlines"):
+        (d / name).mkdir()
+        split[name] = d / name / "text.jsonl"
+        split[name].write_text("".join(ln for ln in lines if isinstance(json.loads(ln)["text"], str)), encoding="utf-8")
+    return {"text": text, "ids": ids, **{name: d / name / "[ab].jsonl" for name in shards}, **split}
 
 
-def configurations(corpora: dict[str, Path], gpt2: tuple[str, str], hf: str) -> dict[str, list[str]]:
-    """name -> flags (without --output-prefix); every tokenizer type, both systems."""
+@pytest.fixture(scope="module")
+def punkt_home(corpora: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """A HOME whose ~/nltk_data holds an English punkt_tab model trained here by nltk's own
+    PunktTrainer on the corpus (no download); None without nltk."""
+    if not HAVE_NLTK:
+        return None
+    import nltk
+    from nltk.tokenize.punkt import PunktTrainer, save_punkt_params
+
+    home = tmp_path_factory.mktemp("home")
+    texts = [json.loads(line)["text"] for line in corpora["split"].read_text(encoding="utf-8").splitlines()]
+    trainer = PunktTrainer()
+    trainer.train("\n\n".join(texts), finalize=True)
+    data = home / "nltk_data"
+    (data / "tokenizers" / "punkt_tab").mkdir(parents=True)
+    nltk.data.path.append(str(data))  # nltk writes only inside its data path
+    try:
+        save_punkt_params(trainer.get_params(), dir=str(data / "tokenizers" / "punkt_tab" / "english"))
+    finally:
+        nltk.data.path.remove(str(data))
+    return home
+
+
+def nltk_env(env: dict[str, str], home: Path | None) -> dict[str, str]:
+    """``env`` with ``home`` as HOME (where nltk finds ~/nltk_data) and no NLTK_DATA (which
+    would make Megatron-LM's tool load a pickle); the user site stays where it was."""
+    if home is None:
+        return env
+    env = {k: v for k, v in env.items() if k != "NLTK_DATA"}
+    return {**env, "HOME": str(home), "PYTHONUSERBASE": site.getuserbase()}
+
+
+def configurations(corpora: dict[str, Path], gpt2: tuple[str, str], hf: str, split: bool) -> dict[str, list[str]]:
+    """name -> flags (without --output-prefix); every tokenizer type, both systems; the
+    --split-sentences ones (last: this project imports nltk only for them) when ``split``."""
     spm = ["--tokenizer-model", DEMO_TOKENIZER_MODEL]
     text = ["--input", str(corpora["text"]), "--workers", "1"]
     both_keys = ["--json-keys", "text", "title"]
@@ -102,6 +180,14 @@ def configurations(corpora: dict[str, Path], gpt2: tuple[str, str], hf: str) -> 
     configs["SentencePieceTokenizer-core-no-eod-2-workers"] = [
         *["--input", str(corpora["text"]), "--workers", "2", "--tokenizer-type", "SentencePieceTokenizer", *spm],
     ]
+    partitions = ["--tokenizer-type", "SentencePieceTokenizer", *spm, "--append-eod", "--partitions", "2"]
+    # Megatron-LM's tool needs --workers divisible by --partitions
+    configs["SentencePieceTokenizer-core-2-partitions"] = [
+        *["--input", str(corpora["round-robin"]), "--workers", "2", *partitions],
+    ]
+    configs["SentencePieceTokenizer-core-2-partitions-keep-sequential-samples"] = [
+        *["--input", str(corpora["sequential"]), "--workers", "2", *partitions, "--keep-sequential-samples"],
+    ]
     configs["HuggingFaceTokenizer-core-include-special-tokens"] = [
         *text,
         *["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", hf, "--append-eod"],
@@ -113,21 +199,35 @@ def configurations(corpora: dict[str, Path], gpt2: tuple[str, str], hf: str) -> 
         *["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges, "--append-eod"],
         *[*both_keys, "--legacy-tokenizer"],
     ]
+    if split:
+        # byte-level BPE keeps whitespace, so --keep-newlines shows in the ids (SentencePiece
+        # normalises the newlines away)
+        sentences = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", hf, "--append-eod"]
+        sentences += [*both_keys, "--split-sentences"]
+        configs["HuggingFaceTokenizer-core-split-sentences"] = [
+            *["--input", str(corpora["split"]), "--workers", "1", *sentences],
+        ]
+        configs["HuggingFaceTokenizer-core-split-sentences-keep-newlines-2-workers"] = [
+            *["--input", str(corpora["split-keep-newlines"]), "--workers", "2", *sentences, "--keep-newlines"],
+        ]
     return configs
 
 
 def compared_files(prefix: Path, flags: list[str]) -> list[str]:
     keys = flags[flags.index("--json-keys") + 1 :][:2] if "--json-keys" in flags else ["text"]
+    level = "sentence" if "--split-sentences" in flags else "document"
     # Megatron-LM finalizes only the last key's index (see the module docstring)
-    return [f"{prefix.name}_{k}_document.bin" for k in keys] + [f"{prefix.name}_{keys[-1]}_document.idx"]
+    return [f"{prefix.name}_{k}_{level}.bin" for k in keys] + [f"{prefix.name}_{keys[-1]}_{level}.idx"]
 
 
 @pytest.fixture(scope="module")
-def outputs(megatron_lm: Path, corpora, gpt2_files, hf_dir, tmp_path_factory) -> dict:  # noqa: F811
+def outputs(megatron_lm: Path, corpora, gpt2_files, hf_dir, punkt_home, tmp_path_factory) -> dict:  # noqa: F811
     """Both tools over every configuration: {name: (flags, upstream dir, our dir)}."""
-    configs = configurations(corpora, gpt2_files, hf_dir)
+    configs = configurations(corpora, gpt2_files, hf_dir, split=punkt_home is not None)
     up, ours = tmp_path_factory.mktemp("upstream"), tmp_path_factory.mktemp("ours")
     up_argv = [[*flags, "--output-prefix", str(up / name)] for name, flags in configs.items()]
+    # as a user would: --split-sentences is run a second time to encode what the first split
+    up_argv += [argv for argv in up_argv if "--split-sentences" in argv]
     (up / "configs.json").write_text(json.dumps(up_argv))
     job = run(
         [
@@ -137,15 +237,16 @@ def outputs(megatron_lm: Path, corpora, gpt2_files, hf_dir, tmp_path_factory) ->
             str(megatron_lm / "tools" / "preprocess_data.py"),
             str(up / "configs.json"),
         ],
-        env={**env_for(megatron_lm), **OFFLINE},
+        env=nltk_env({**env_for(megatron_lm), **OFFLINE}, punkt_home),
         timeout=600,
     )
     assert job.returncode == 0, job.stderr[-3000:]
+    wrote = [(Path(prefix).name, int(n)) for n, prefix in re.findall(r"^WROTE (\d+) (.*)$", job.stdout, re.M)]
     # this project's script itself for the first configuration, the others in one process
     first, *rest = configs
     script = run(
         [
-            sys.executable,
+            *[sys.executable, "-X", "importtime"],  # the script starts without torch
             str(ROOT / "scripts" / "preprocess_data.py"),
             *configs[first],
             "--output-prefix",
@@ -153,29 +254,51 @@ def outputs(megatron_lm: Path, corpora, gpt2_files, hf_dir, tmp_path_factory) ->
         ]
     )
     assert script.returncode == 0, script.stderr[-3000:]
+    assert not re.search(r"\| torch$", script.stderr, re.M), "scripts/preprocess_data.py imported torch"
     our_argv = [([*configs[name], "--output-prefix", str(ours / name)], 0) for name in rest]
     # megatron-core's GPT-2 BPE without the hub: refused in one line naming --legacy-tokenizer
     gpt2_core = [f for f in configs["GPT2BPETokenizer-legacy"] if f != "--legacy-tokenizer"]
     our_argv.append(([*gpt2_core, "--output-prefix", str(ours / "gpt2-core")], 2))
     (ours / "configs.json").write_text(json.dumps(our_argv))
-    job = run([sys.executable, "-c", OURS_DRIVER, str(ours / "configs.json")], env=base_env(**OFFLINE))
+    job = run(
+        [sys.executable, "-c", OURS_DRIVER, str(ours / "configs.json")],
+        env=nltk_env(base_env(**OFFLINE), punkt_home),
+    )
     assert job.returncode == 0, job.stderr[-3000:]
+    # nltk (a second of imports) only for --split-sentences
+    nltk_after = {
+        Path(prefix).name: flag == "True" for flag, prefix in re.findall(r"^NLTK (\w+) (.*)$", job.stdout, re.M)
+    }
+    imported_nltk = {name for name, imported in nltk_after.items() if imported and name in configs}
+    assert imported_nltk == {name for name in configs if "split" in name}
+    # SentencePiece, HuggingFace (tokenizer.json read by the tokenizers library) and null
+    # tokenizers encode without torch: neither megatron-core nor transformers is imported
+    rows = [line.split()[1:] for line in job.stdout.splitlines() if line.startswith("TORCH ")]
+    torch_after = {Path(prefix).name: flag == "True" for flag, prefix in rows}
+    for name in ("GPTSentencePieceTokenizer-core", "Llama2Tokenizer-core", "HuggingFaceTokenizer-core"):
+        assert not torch_after[name], f"{name} imported torch"
     assert "GPT2BPETokenizer" in job.stderr and "--legacy-tokenizer" in job.stderr, job.stderr[-3000:]
     assert not list(ours.glob("gpt2-core*"))
-    return {name: (flags, up, ours) for name, flags in configs.items()}
+    return {"wrote": wrote, **{name: (flags, up, ours) for name, flags in configs.items()}}
 
 
 NAMES = [
     *(f"{k}-{t}" for t in ("core", "legacy") for k in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer")),
     *(f"{k}-{t}" for t in ("core", "legacy") for k in ("Llama2Tokenizer", "HuggingFaceTokenizer", "NullTokenizer")),
     "SentencePieceTokenizer-core-no-eod-2-workers",
+    "SentencePieceTokenizer-core-2-partitions",
+    "SentencePieceTokenizer-core-2-partitions-keep-sequential-samples",
     "HuggingFaceTokenizer-core-include-special-tokens",
     "GPT2BPETokenizer-legacy",
+    "HuggingFaceTokenizer-core-split-sentences",
+    "HuggingFaceTokenizer-core-split-sentences-keep-newlines-2-workers",
 ]
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_same_bytes_as_megatron_lm(outputs: dict, name: str) -> None:
+    if "split" in name and not HAVE_NLTK:
+        pytest.skip(NO_NLTK)
     flags, up, ours = outputs[name]
     files = compared_files(up / name, flags)
     missing = [f for f in files if not (up / f).is_file()]
@@ -194,3 +317,35 @@ def test_the_systems_differ_where_megatron_lm_says(outputs: dict) -> None:
         core = (up / f"{kind}-core_text_document.bin").read_bytes()
         legacy = (up / f"{kind}-legacy_text_document.bin").read_bytes()
         assert core != legacy, kind
+
+
+def test_partitions_order_documents_as_megatron_lm(outputs: dict) -> None:
+    """Not vacuous: two partitions deal the lines round-robin (partition 0's documents first);
+    --keep-sequential-samples keeps the input order, the bytes of one partition."""
+    _, up, ours = outputs["SentencePieceTokenizer-core"]
+    whole = (ours / "SentencePieceTokenizer-core_text_document.bin").read_bytes()
+    dealt = (ours / "SentencePieceTokenizer-core-2-partitions_text_document.bin").read_bytes()
+    kept = (ours / "SentencePieceTokenizer-core-2-partitions-keep-sequential-samples_text_document.bin").read_bytes()
+    assert kept == whole and dealt != whole and sorted(dealt) == sorted(whole)
+
+
+def _counts(idx: Path) -> tuple[int, int]:
+    """(sequences, documents) from a Megatron .idx header: magic, version, dtype code, counts."""
+    return struct.unpack_from("<QQ", idx.read_bytes(), 9 + 8 + 1)
+
+
+@pytest.mark.skipif(not HAVE_NLTK, reason=NO_NLTK)
+def test_split_sentences_as_megatron_lm(outputs: dict, corpora: dict[str, Path]) -> None:
+    """Not vacuous: the documents are split into several sentences each, --keep-newlines
+    splits differently, and Megatron-LM's first run with one partition only writes the
+    ``_ss`` file (so its user runs it twice, as the fixture does)."""
+    name = "HuggingFaceTokenizer-core-split-sentences"
+    kept = f"{name}-keep-newlines-2-workers"
+    _, up, ours = outputs[name]
+    sentences, documents = _counts(ours / f"{name}_text_sentence.idx")
+    assert sentences > 2 * documents
+    split = (ours / f"{name}_text_sentence.bin").read_bytes()
+    assert split != (ours / f"{kept}_text_sentence.bin").read_bytes()
+    runs = [n for prefix, n in outputs["wrote"] if prefix == name]
+    assert runs[0] == 0 and runs[1] > 0, outputs["wrote"]
+    assert corpora["split"].with_name("text_ss.jsonl").is_file()

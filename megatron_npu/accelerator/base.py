@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
@@ -150,6 +151,15 @@ class Accelerator(abc.ABC):
         """Marketing name of the device, used for the MFU peak table."""
         return self.device_type
 
+    def collective_timeout_environment(self, timeout: timedelta, environ: Mapping[str, str]) -> dict[str, str]:
+        """Environment variables to set so the collective library gives up on a stuck collective
+        after ``timeout`` (init_process_group's, i.e. ``--distributed-timeout-minutes``).
+
+        Empty where the process group's own watchdog applies the timeout (NCCL, gloo); variables
+        already in ``environ`` are the user's choice and are never returned.
+        """
+        return {}
+
     # ----- synchronisation, streams, events ---------------------------------
     @abc.abstractmethod
     def synchronize(self, device: Any = None) -> None: ...
@@ -226,7 +236,7 @@ class Accelerator(abc.ABC):
 
     def fused_ops(self) -> dict[str, bool]:
         """Which fused kernels exist on this target, by Megatron's name for them."""
-        return {"flash_attention": False, "rms_norm": False, "swiglu": False, "rotary": False}
+        return {"flash_attention": False, "rms_norm": False, "swiglu": False, "rotary": False, "grouped_matmul": False}
 
     def profiler_activities(self) -> list:
         """torch.profiler activities that see this device's work (host only by default)."""
@@ -244,7 +254,9 @@ class Accelerator(abc.ABC):
         ``"rms_norm"``: (x, weight, eps) -> y;  ``"swiglu"``: (x) -> silu(x1) * x2 over the last
         dim's halves;  ``"rotary"``: (t, cos, sin) -> t * cos + rotate_half(t) * sin (half-split);
         ``"flash_attention"``: (query [sq, b, np, hn], key, value [sk, b, ng, hn], *,
-        softmax_scale, dropout_p) -> causal attention [sq, b, np * hn].
+        softmax_scale, dropout_p) -> causal attention [sq, b, np * hn];  ``"grouped_matmul"``:
+        (x [m, k], weights [n, k] each, tokens_per_expert) -> [m, n], rows of group i times
+        weights[i]^T, differentiable (twin in megatron_npu/ops/grouped_gemm.py).
         """
         return None
 

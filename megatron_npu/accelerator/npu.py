@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
@@ -33,7 +34,15 @@ _FUSED_KERNELS = {
     "rms_norm": "npu_rms_norm",  # (x, gamma, epsilon) -> (y, rstd)
     "swiglu": "npu_swiglu",  # (x, dim) -> silu(first half) * second half
     "rotary": "npu_rotary_mul",  # (embedding, cosine, sine, mode='half') -> x * cos + rotate_half(x) * sin
+    "grouped_matmul": "npu_grouped_matmul",  # ([x], [w_i], *, group_list, split_item, group_type, ...) -> [y]
 }
+
+
+# CANN's environment-variable reference for Atlas A2/A3: HCCL_EXEC_TIMEOUT in whole seconds,
+# [0, 2147483647], 0 = never (HCCL itself caps it at 1091 s in its AIV expansion mode);
+# HCCL_CONNECT_TIMEOUT (link set-up) in [120, 7200] s, default 120.
+HCCL_EXEC_TIMEOUT_MAX_S = 2147483647
+HCCL_CONNECT_TIMEOUT_RANGE_S = (120, 7200)
 
 
 class NpuAccelerator(Accelerator):
@@ -52,6 +61,18 @@ class NpuAccelerator(Accelerator):
     def __init__(self) -> None:
         self._torch_npu = import_torch_npu()
         self._npu = torch.npu
+
+    def collective_timeout_environment(self, timeout: timedelta, environ: Mapping[str, str]) -> dict[str, str]:
+        """HCCL's own timeouts follow the process group's: without them a collective stuck on the
+        device waits HCCL's default 1836 s whatever ``--distributed-timeout-minutes`` says, and a
+        peer that never connects fails after 120 s even when the flag allows more."""
+        seconds = max(1, round(timeout.total_seconds()))
+        low, high = HCCL_CONNECT_TIMEOUT_RANGE_S
+        wanted = {
+            "HCCL_EXEC_TIMEOUT": str(min(seconds, HCCL_EXEC_TIMEOUT_MAX_S)),
+            "HCCL_CONNECT_TIMEOUT": str(min(max(seconds, low), high)),
+        }
+        return {name: value for name, value in wanted.items() if name not in environ}
 
     def device_count(self) -> int:
         return self._npu.device_count()
@@ -171,6 +192,25 @@ class NpuAccelerator(Accelerator):
             next_tockens=0,
         )[0]
 
+    def _fused_grouped_matmul(
+        self, x: torch.Tensor, weights: list[torch.Tensor], tokens_per_expert: list[int]
+    ) -> torch.Tensor:
+        return _NpuGroupedMatmul.apply(self, x, tokens_per_expert, *weights)
+
+    def _grouped_matmul_rows(
+        self, x: torch.Tensor, weights: list[torch.Tensor], group_list: torch.Tensor
+    ) -> torch.Tensor:
+        # group_type 0: x's rows in groups (counts: group_list_type 1); split_item 2: one output tensor
+        return self._torch_npu.npu_grouped_matmul(
+            [x], weights, group_list=group_list, split_item=2, group_type=0, group_list_type=1
+        )[0]
+
+    def _grouped_matmul_k(self, x_t: torch.Tensor, dy: torch.Tensor, group_list: torch.Tensor) -> torch.Tensor:
+        # group_type 2: the shared K axis in groups: every group's x_i^T dy_i, stacked [groups, k, n]
+        return self._torch_npu.npu_grouped_matmul(
+            [x_t], [dy], group_list=group_list, split_item=3, group_type=2, group_list_type=1
+        )[0]
+
     def profiler_activities(self) -> list:
         activity = self._torch_npu.profiler.ProfilerActivity
         return [activity.CPU, activity.NPU]
@@ -191,6 +231,27 @@ class NpuAccelerator(Accelerator):
         if cann:
             found["cann"] = cann
         return found
+
+
+class _NpuGroupedMatmul(torch.autograd.Function):
+    """y_i = x_i w_i^T on torch_npu's grouped matmul, which has no autograd formula of its own:
+    dx_i = dy_i w_i (grouped by rows again), dw_i = (x_i^T dy_i)^T (grouped along K)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, accelerator: NpuAccelerator, x: torch.Tensor, counts: list[int], *weights: torch.Tensor
+    ) -> Any:
+        group_list = torch.tensor(counts, dtype=torch.int64, device=x.device)
+        ctx.accelerator, ctx.group_list = accelerator, group_list
+        ctx.save_for_backward(x, *weights)
+        return accelerator._grouped_matmul_rows(x, [w.t() for w in weights], group_list)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> Any:
+        x, *weights = ctx.saved_tensors
+        dx = ctx.accelerator._grouped_matmul_rows(dy, list(weights), ctx.group_list)
+        dw = ctx.accelerator._grouped_matmul_k(x.t(), dy, ctx.group_list)
+        return None, dx, None, *(g.t() for g in dw)
 
 
 def _cann_version() -> str | None:

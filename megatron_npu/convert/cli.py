@@ -1,12 +1,13 @@
 """``megatron-npu convert``: Hugging Face model directories to and from pretrain_gpt.py checkpoints.
 
-    megatron-npu convert to-megatron HF_DIR SAVE_DIR --tp 2 --pp 2 [--vpp 2]
+    megatron-npu convert to-megatron HF_DIR SAVE_DIR --tp 2 --pp 2 [--vpp 2] [--seq-length N]
     megatron-npu convert to-hf LOAD_DIR HF_OUT
 
 ``to-megatron`` writes ``SAVE_DIR/iter_0000000`` and ``latest_checkpointed_iteration.txt``,
-keeps the HF config and tokenizer files in ``SAVE_DIR/hf_config`` (``to-hf`` reads them back),
-and prints the pretrain_gpt.py flags of the model. Every refusal is checked before torch or
-megatron-core is imported.
+keeps the HF config and tokenizer files in ``SAVE_DIR/hf_config`` (``to-hf`` reads them back,
+with any vocabulary rows the import cut), and prints the pretrain_gpt.py flags of the model.
+Both ways stream one piece (the embedding, a layer) at a time, with progress on stderr.
+Every refusal is checked before torch or megatron-core is imported.
 """
 
 from __future__ import annotations
@@ -21,10 +22,18 @@ import shutil
 import sys
 from dataclasses import replace
 
-from megatron_npu.convert.hf_config import ConvertError, ModelSpec, model_spec, read_config
+from megatron_npu.convert.hf_config import (
+    ConvertError,
+    ModelSpec,
+    check_attention_window,
+    model_spec,
+    read_config,
+)
 from megatron_npu.policy import ConfigError
 
 HF_CONFIG_DIR = "hf_config"
+# HF vocabulary rows past Megatron's padded count (no token uses them): kept beside the config.
+CUT_ROWS = "cut_vocab_rows.safetensors"
 # Files of a model directory that are not weights: config, generation config, tokenizer.
 SIDE_FILES = (
     "config.json",
@@ -46,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     to_m.add_argument("--tp", type=int, default=1, help="tensor parallel size the checkpoint is trained with")
     to_m.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
     to_m.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per pipeline rank")
+    to_m.add_argument(
+        "--seq-length",
+        type=int,
+        default=None,
+        help="the sequence length you will train at (default: the model's max_position_embeddings)",
+    )
     to_m.add_argument(
         "--tokenizer-vocab-size",
         type=int,
@@ -70,8 +85,9 @@ def tokenizer_vocab(hf_dir: str) -> int | None:
     return len(AutoTokenizer.from_pretrained(hf_dir))
 
 
-def suggested_command(spec: ModelSpec, save_dir: str, tp: int, pp: int, vpp: int | None) -> str:
+def suggested_command(spec: ModelSpec, save_dir: str, tp: int, pp: int, vpp: int | None, seq_length: int) -> str:
     layout = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)]
+    layout += ["--seq-length", str(seq_length)]
     if vpp:
         layout += ["--num-layers-per-virtual-pipeline-stage", str(spec.num_layers // (pp * vpp))]
     load = ["--load", save_dir, "--finetune", "--no-load-optim", "--no-load-rng"]
@@ -86,22 +102,31 @@ def _to_megatron(ns: argparse.Namespace) -> int:
     cfg = read_config(ns.hf_dir)
     vocab = ns.tokenizer_vocab_size if ns.tokenizer_vocab_size is not None else tokenizer_vocab(ns.hf_dir)
     spec = model_spec(cfg, tp=ns.tp, pp=ns.pp, vpp=ns.vpp, tokenizer_vocab=vocab)
+    seq_length = ns.seq_length or spec.max_position_embeddings
+    check_attention_window(cfg, seq_length)
     from megatron_npu.convert.hf_io import HFReader
 
     reader = HFReader(ns.hf_dir)  # a missing shard is refused before megatron-core starts
-    from megatron_npu.convert.megatron_io import hf_to_megatron
+    from megatron_npu.convert.megatron_io import cut_vocab_rows, hf_to_megatron
 
     print(f"converting {ns.hf_dir} ({cfg['model_type']}, {spec.num_layers} layers) to {ns.save_dir}", flush=True)
-    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
-    if window and window < spec.max_position_embeddings:  # megatron-core's local attention has no window
-        print(f"  note: sliding-window attention ({window} tokens) trains as full attention: the same up to {window}")
     if spec.padded_vocab_size != spec.vocab_size:
         print(
             f"  vocabulary: {spec.vocab_size} HF rows -> {spec.padded_vocab_size} (the tokenizer's count padded for TP {ns.tp})"
+            + (
+                f"; the rows past it, which no token uses, are kept in {HF_CONFIG_DIR}/{CUT_ROWS} for the export"
+                if spec.padded_vocab_size < spec.vocab_size
+                else ""
+            )
         )
-    hf_to_megatron(spec, reader, ns.save_dir, lambda line: print(line, flush=True))
+    hf_to_megatron(spec, reader, ns.save_dir, _progress)
     kept = os.path.join(ns.save_dir, HF_CONFIG_DIR)
     os.makedirs(kept, exist_ok=True)
+    cut = cut_vocab_rows(spec, reader)
+    if cut:  # the export puts them back, so the HF tensors keep their shape and bits
+        from safetensors.torch import save_file
+
+        save_file(cut, os.path.join(kept, CUT_ROWS))
     for pattern in SIDE_FILES:
         for path in glob.glob(os.path.join(ns.hf_dir, pattern)):
             shutil.copy(path, kept)
@@ -110,7 +135,7 @@ def _to_megatron(ns: argparse.Namespace) -> int:
         "train from it with pretrain_gpt.py and these flags (plus your data, batch and schedule flags; a tokenizer "
         f"of {vocab or spec.vocab_size} tokens, which --make-vocab-size-divisible-by pads to {spec.padded_vocab_size}):\n"
     )
-    print("    " + suggested_command(spec, ns.save_dir, ns.tp, ns.pp, ns.vpp))
+    print("    " + suggested_command(spec, ns.save_dir, ns.tp, ns.pp, ns.vpp, seq_length))
     return 0
 
 
@@ -134,8 +159,8 @@ def _to_hf(ns: argparse.Namespace) -> int:
     spec = model_spec(cfg)
     from megatron.core import dist_checkpointing
 
-    from megatron_npu.convert.hf_io import HFWriter
-    from megatron_npu.convert.megatron_io import megatron_to_hf
+    from megatron_npu.convert.hf_io import HFReader, HFWriter
+    from megatron_npu.convert.megatron_io import cut_vocab_rows, megatron_to_hf
     from megatron_npu.training.checkpointing import checkpoint_dir, read_tracker
 
     iteration = step if step is not None else read_tracker(root)
@@ -146,7 +171,14 @@ def _to_hf(ns: argparse.Namespace) -> int:
     spec = replace(spec, padded_vocab_size=common["model_shape"]["padded_vocab_size"])
     writer = HFWriter(ns.hf_out)
     print(f"exporting {checkpoint_dir(root, iteration)} (layout {common['layout']}) to {ns.hf_out}", flush=True)
-    writer.add(megatron_to_hf(spec, root, iteration, lambda line: print(line, flush=True)))
+    cut = {}  # vocabulary rows the import cut: kept beside the checkpoint, or in the HF model itself
+    if os.path.isfile(os.path.join(config_dir, CUT_ROWS)):
+        from safetensors.torch import load_file
+
+        cut = load_file(os.path.join(config_dir, CUT_ROWS))
+    elif glob.glob(os.path.join(config_dir, "*.safetensors")):
+        cut = cut_vocab_rows(spec, HFReader(config_dir))
+    writer.add(megatron_to_hf(spec, checkpoint_dir(root, iteration), _progress, cut))
     writer.close()
     for pattern in SIDE_FILES:
         for path in glob.glob(os.path.join(config_dir, pattern)):
@@ -155,6 +187,10 @@ def _to_hf(ns: argparse.Namespace) -> int:
         json.dump(cfg, f, indent=2)
     print(f"peak memory (max RSS): {_peak_rss_gib():.2f} GiB")
     return 0
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _peak_rss_gib() -> float:

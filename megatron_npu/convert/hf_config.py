@@ -11,11 +11,19 @@ import json
 import os
 from dataclasses import dataclass
 
-from megatron_npu.layout.model_shape import pad_vocab_size
+from megatron_npu.layout.model_shape import ModelShape, pad_vocab_size
+from megatron_npu.layout.parallel_dims import LayoutError
 
 FAMILIES = {"llama": "LLaMA-2/3", "qwen2": "Qwen2/2.5", "mistral": "Mistral", "gpt2": "GPT-2"}
 # megatron-core 0.16's RotaryEmbedding applies llama3 scaling with these constants fixed.
 LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# config.json's names of the sizes TP splits (ModelShape's fields), for the messages
+HF_NAMES = {
+    "num_attention_heads": "num_attention_heads",
+    "num_query_groups": "num_key_value_heads",
+    "ffn_hidden_size": "intermediate_size",
+}
+GPT2_NAMES = {"num_attention_heads": "n_head", "num_query_groups": "n_head", "ffn_hidden_size": "n_inner"}
 
 
 class ConvertError(ValueError):
@@ -41,7 +49,7 @@ class ModelSpec:
     tied_embeddings: bool
     rotary_base: int | None = None  # None: learned absolute positions (GPT-2)
     rope_scaling_factor: float | None = None  # llama3-style scaling
-    rope_linear_factor: float | None = None  # linear scaling (--rotary-seq-len-interpolation-factor)
+    rope_linear_factor: int | None = None  # linear scaling (--rotary-seq-len-interpolation-factor)
     qkv_bias: bool = False
     dtype: str = "float32"
 
@@ -81,7 +89,7 @@ class ModelSpec:
             if self.rope_scaling_factor is not None:
                 f += ["--use-rope-scaling", "--rope-scaling-factor", repr(self.rope_scaling_factor)]
             if self.rope_linear_factor is not None:
-                f += ["--rotary-seq-len-interpolation-factor", repr(self.rope_linear_factor)]
+                f += ["--rotary-seq-len-interpolation-factor", str(self.rope_linear_factor)]
         if not self.tied_embeddings:
             f += ["--untie-embeddings-and-output-weights"]
         if self.dtype == "bfloat16":
@@ -101,15 +109,21 @@ def read_config(model_dir: str) -> dict:
         return json.load(f)
 
 
-def _rope(cfg: dict) -> tuple[int, float | None, float | None]:
+def _rope(cfg: dict) -> tuple[int, float | None, int | None]:
     params = cfg.get("rope_parameters") or {}
     scaling = cfg.get("rope_scaling") or params
     theta = cfg.get("rope_theta", params.get("rope_theta", 10000.0))
     kind = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
     if kind == "default":
         return int(theta), None, None
-    if kind == "linear":
-        return int(theta), None, float(scaling["factor"])
+    if kind == "linear":  # HF divides the frequencies, megatron-core the positions: the same angles
+        factor = float(scaling["factor"])
+        if not factor.is_integer():
+            raise ConvertError(
+                f"linear RoPE scaling by {factor}: pretrain_gpt.py's --rotary-seq-len-interpolation-factor "
+                "takes an integer"
+            )
+        return int(theta), None, int(factor)
     if kind == "llama3":
         differ = {k: scaling.get(k) for k, v in LLAMA3_FIXED.items() if float(scaling.get(k, v)) != v}
         if differ:
@@ -207,21 +221,32 @@ def model_spec(
     return spec
 
 
+def check_attention_window(cfg: dict, seq_length: int) -> None:
+    """Sliding-window attention (Mistral) trains as full causal attention, which is the same
+    only while no sequence is longer than the window: refuse a --seq-length past it."""
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    if window is not None and window < seq_length:
+        raise ConvertError(
+            f"sliding-window attention ({window} tokens) at --seq-length {seq_length}: pretrain_gpt.py's attention "
+            f"has no window, so it would differ; convert and train with --seq-length {window} or less"
+        )
+
+
 def check_layout(spec: ModelSpec, *, tp: int, pp: int, vpp: int | None) -> None:
-    """What a TP x PP (x VPP) layout must split evenly, each with the flag to change."""
-    if spec.num_heads % tp:
-        raise ConvertError(
-            f"{spec.num_heads} attention heads are not divisible by --tp {tp}: choose a TP that divides them"
-        )
-    if spec.num_query_groups % tp:
-        raise ConvertError(
-            f"{spec.num_query_groups} query groups (num_key_value_heads) are not divisible by --tp {tp}: "
-            "choose a TP that divides them"
-        )
-    if spec.ffn_hidden_size % tp:
-        raise ConvertError(
-            f"ffn size {spec.ffn_hidden_size} is not divisible by --tp {tp}: choose a TP that divides it"
-        )
+    """What a TP x PP (x VPP) layout must split evenly, named as config.json names it."""
+    shape = ModelShape(
+        spec.num_layers,
+        spec.hidden_size,
+        spec.num_heads,
+        spec.num_query_groups,
+        spec.kv_channels,
+        spec.ffn_hidden_size,
+        swiglu=not spec.gpt2,
+    )
+    try:
+        shape.check_tensor_parallel(tp, names=GPT2_NAMES if spec.gpt2 else HF_NAMES)
+    except LayoutError as error:
+        raise ConvertError(str(error)) from None
     stages = pp * (vpp or 1)
     if spec.num_layers % stages:
         raise ConvertError(

@@ -2,18 +2,21 @@
 
 safetensors' ``safe_open`` maps the file and reads only the tensor asked for, so a reader
 holds one tensor, not a shard. What it lacks is the multi-file index
-(``model.safetensors.index.json``) that transformers writes; that is the few lines here.
+(``model.safetensors.index.json``) that transformers writes, and a writer that does not
+need a whole shard in memory (``save_file`` takes a dict of tensors); those are here.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import struct
 from collections.abc import Iterable
+from typing import BinaryIO
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from megatron_npu.convert.hf_config import ConvertError
 
@@ -55,29 +58,65 @@ class HFReader:
             return f.get_tensor(name)
 
 
+# safetensors' dtype names (its file format, which the writer below produces itself)
+DTYPES = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.uint8: "U8",
+}
+
+
 class HFWriter:
-    """Writes tensors into ``model-0000N-of-0000M.safetensors`` shards of about ``shard_bytes``."""
+    """Writes tensors into ``model-0000N-of-0000M.safetensors`` shards of about ``shard_bytes``.
+
+    Streams: each tensor's bytes go to the shard's data file as they come, and the header
+    (names, shapes, offsets; safetensors puts it first) is written in front when the shard is
+    full, so memory holds one tensor, not a shard."""
 
     def __init__(self, out_dir: str, shard_bytes: int = 2 << 30) -> None:
         os.makedirs(out_dir, exist_ok=True)
         self.out_dir, self.shard_bytes = out_dir, shard_bytes
-        self.pending: dict[str, torch.Tensor] = {}
         self.files: list[list[str]] = []
+        self.header: dict[str, dict] = {}
+        self.data: BinaryIO | None = None
         self.size = 0
+
+    def _part(self, n: int) -> str:
+        return os.path.join(self.out_dir, f"part-{n:05d}.safetensors")
 
     def add(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in items:
-            self.pending[name] = tensor.contiguous()
-            self.size += tensor.numel() * tensor.element_size()
+            if self.data is None:
+                self.data = open(self._part(len(self.files)) + ".data", "wb")
+            raw = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
+            self.header[name] = {
+                "dtype": DTYPES[tensor.dtype],
+                "shape": list(tensor.shape),
+                "data_offsets": [self.size, self.size + raw.nbytes],
+            }
+            self.data.write(raw.data)
+            self.size += raw.nbytes
             if self.size >= self.shard_bytes:
                 self._flush()
 
     def _flush(self) -> None:
-        if self.pending:
-            path = os.path.join(self.out_dir, f"part-{len(self.files):05d}.safetensors")
-            save_file(self.pending, path, metadata={"format": "pt"})
-            self.files.append(list(self.pending))
-            self.pending, self.size = {}, 0
+        """The shard file: 8-byte header length, the JSON header (space-padded to 8 bytes), the data."""
+        if self.data is None:
+            return
+        self.data.close()
+        header = json.dumps({"__metadata__": {"format": "pt"}, **self.header}, separators=(",", ":")).encode()
+        header += b" " * (-len(header) % 8)
+        part = self._part(len(self.files))
+        with open(part, "wb") as out, open(part + ".data", "rb") as data:
+            out.write(struct.pack("<Q", len(header)) + header)
+            shutil.copyfileobj(data, out, 16 << 20)
+        os.remove(part + ".data")
+        self.files.append(list(self.header))
+        self.header, self.data, self.size = {}, None, 0
 
     def close(self) -> None:
         """Name the shards as transformers does; one shard is ``model.safetensors``."""
@@ -86,7 +125,7 @@ class HFWriter:
         weight_map = {}
         for i, names in enumerate(self.files):
             final = SINGLE if total == 1 else f"model-{i + 1:05d}-of-{total:05d}.safetensors"
-            os.replace(os.path.join(self.out_dir, f"part-{i:05d}.safetensors"), os.path.join(self.out_dir, final))
+            os.replace(self._part(i), os.path.join(self.out_dir, final))
             weight_map.update(dict.fromkeys(names, final))
         if total > 1:
             with open(os.path.join(self.out_dir, INDEX), "w") as f:

@@ -84,26 +84,35 @@ def _gpt2_qkv(
     return in_, out
 
 
-def _vocab(spec: ModelSpec) -> tuple[Callable[[Tensors], torch.Tensor], Callable[[torch.Tensor], Tensors]]:
-    """Megatron's rows: the tokenizer's count padded for TP; rows past the HF ones are zero."""
+def _vocab(
+    spec: ModelSpec, hf_name: str, cut: dict[str, torch.Tensor]
+) -> tuple[Callable[[Tensors], torch.Tensor], Callable[[torch.Tensor], Tensors]]:
+    """Megatron's rows: the tokenizer's count padded for TP. Rows past the HF ones are zero;
+    HF rows past Megatron's (unused by the tokenizer) are cut, and come back from ``cut``."""
 
     def fit(t: torch.Tensor, rows: int) -> torch.Tensor:
         if t.shape[0] >= rows:
             return t[:rows].contiguous()
-        return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+        tail = cut.get(hf_name)
+        if tail is None or t.shape[0] + tail.shape[0] != rows:
+            tail = t.new_zeros(rows - t.shape[0], *t.shape[1:])
+        return torch.cat([t, tail.to(t.dtype)])
 
     return (lambda ts: fit(ts[0], spec.padded_vocab_size)), (lambda t: [fit(t, spec.vocab_size)])
 
 
-def rules(spec: ModelSpec) -> Iterator[Rule]:
-    """Every megatron-core tensor of the model and its HF source."""
-    yield from (_gpt2_rules if spec.gpt2 else _llama_rules)(spec)
+VOCAB_TENSORS = ("embedding.word_embeddings.weight", "output_layer.weight")
 
 
-def _llama_rules(spec: ModelSpec) -> Iterator[Rule]:
-    vocab_in, vocab_out = _vocab(spec)
+def rules(spec: ModelSpec, cut: dict[str, torch.Tensor] | None = None) -> Iterator[Rule]:
+    """Every megatron-core tensor of the model and its HF source; ``cut``: the HF vocabulary
+    rows the import cut (by HF name), which the export puts back."""
+    yield from (_gpt2_rules if spec.gpt2 else _llama_rules)(spec, cut or {})
+
+
+def _llama_rules(spec: ModelSpec, cut: dict[str, torch.Tensor]) -> Iterator[Rule]:
     qkv_in, qkv_out = _qkv(spec)
-    yield Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), vocab_in, vocab_out)
+    yield Rule(VOCAB_TENSORS[0], ("model.embed_tokens.weight",), *_vocab(spec, "model.embed_tokens.weight", cut))
     for i in range(spec.num_layers):
         m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
         yield Rule(m + "input_layernorm.weight", (h + "input_layernorm.weight",), _same, _one)
@@ -121,12 +130,11 @@ def _llama_rules(spec: ModelSpec) -> Iterator[Rule]:
         yield Rule(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), _same, _one)
     yield Rule("decoder.final_layernorm.weight", ("model.norm.weight",), _same, _one)
     if not spec.tied_embeddings:
-        yield Rule("output_layer.weight", ("lm_head.weight",), vocab_in, vocab_out)
+        yield Rule(VOCAB_TENSORS[1], ("lm_head.weight",), *_vocab(spec, "lm_head.weight", cut))
 
 
-def _gpt2_rules(spec: ModelSpec) -> Iterator[Rule]:
-    vocab_in, vocab_out = _vocab(spec)
-    yield Rule("embedding.word_embeddings.weight", ("transformer.wte.weight",), vocab_in, vocab_out)
+def _gpt2_rules(spec: ModelSpec, cut: dict[str, torch.Tensor]) -> Iterator[Rule]:
+    yield Rule(VOCAB_TENSORS[0], ("transformer.wte.weight",), *_vocab(spec, "transformer.wte.weight", cut))
     yield Rule("embedding.position_embeddings.weight", ("transformer.wpe.weight",), _same, _one)
     for i in range(spec.num_layers):
         m, h = f"decoder.layers.{i}.", f"transformer.h.{i}."

@@ -1,10 +1,11 @@
 """The megatron-core side: pretrain_gpt.py's own model, filled from or read into HF tensors.
 
-One process builds the whole model once (TP1, PP1, on the host) with pretrain_gpt.py's
-``model_provider`` and saves it with the trainer's ``save_checkpoint``. dist-checkpointing
-stores global tensors (each layer under its global number, QKV by whole query groups), so
-the checkpoint loads under any TP x PP x VPP whose vocabulary padding matches; the export
-loads any TP x PP (x VPP) checkpoint the same way, resharded by dist-checkpointing.
+The converter builds pretrain_gpt.py's whole model (TP1, PP1, its ``model_provider``) on the
+meta device: that gives every tensor's name, shape and dist-checkpointing key without memory.
+dist-checkpointing stores global tensors (each layer a chunk of its stacked tensor, QKV by
+whole query groups), so the checkpoint loads under any TP x PP x VPP whose vocabulary padding
+matches, and the export reads any TP x PP (x VPP) checkpoint, resharded by dist-checkpointing.
+Both ways stream by piece (the embedding, one layer, the output): memory holds one piece.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -22,9 +24,10 @@ import torch.distributed as dist
 
 from megatron_npu.convert.hf_config import ModelSpec
 from megatron_npu.convert.hf_io import HFReader
-from megatron_npu.convert.mapping import rules
+from megatron_npu.convert.mapping import VOCAB_TENSORS, rules
+from megatron_npu.convert.pieces import Pieces, Reader
 from megatron_npu.training.arguments import parse_args
-from megatron_npu.training.checkpointing import load_checkpoint, save_checkpoint
+from megatron_npu.training.checkpointing import checkpoint_dir, save_checkpoint
 from megatron_npu.training.global_vars import set_global
 from megatron_npu.training.initialize import initialize_distributed
 
@@ -90,54 +93,124 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def whole_model(spec: ModelSpec) -> tuple[torch.nn.Module, argparse.Namespace]:
+def meta_model(spec: ModelSpec) -> tuple[torch.nn.Module, argparse.Namespace]:
+    """pretrain_gpt.py's whole model (TP1, PP1) on the meta device: its names, shapes and
+    sharded state dict (global keys and chunks) without memory for its weights."""
     args = trainer_args(spec)
     if not dist.is_initialized():
         single_process(args)
     set_global("args", args)
-    return model_provider()(pre_process=True, post_process=True), args
+    with torch.device("meta"):
+        return model_provider()(pre_process=True, post_process=True), args
 
 
 def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict(keep_vars=True).items() if not k.endswith("_extra_state")}
 
 
+def _piece_of(name: str) -> str:
+    """The piece a state-dict entry is saved or loaded with: its layer, or the top-level module."""
+    if name.startswith("decoder.layers."):
+        return ".".join(name.split(".")[:3])
+    return "output" if name.startswith(("decoder.final_layernorm", "output_layer")) else name.split(".")[0]
+
+
+def _pieces(model: torch.nn.Module) -> dict[str, dict]:
+    """The model's sharded state dict split by piece, in model order (``output`` last)."""
+    pieces: dict[str, dict] = {}
+    for name, entry in model.sharded_state_dict().items():
+        pieces.setdefault(_piece_of(name), {})[name] = entry
+    pieces["output"] = pieces.pop("output")
+    return pieces
+
+
+def _with_data(entry: object, data: torch.Tensor) -> object:
+    if data.shape != entry.data.shape:
+        raise RuntimeError(f"{entry.key}: HF gives {tuple(data.shape)}, megatron-core has {tuple(entry.data.shape)}")
+    return replace(entry, data=data)
+
+
+def cut_vocab_rows(spec: ModelSpec, reader: HFReader) -> dict[str, torch.Tensor]:
+    """The HF vocabulary rows past Megatron's (rows no token of the tokenizer uses), by HF name."""
+    if spec.padded_vocab_size >= spec.vocab_size:
+        return {}
+    names = [r.hf[0] for r in rules(spec) if r.megatron in VOCAB_TENSORS]
+    return {name: reader.get(name)[spec.padded_vocab_size :].clone() for name in names}
+
+
+class _Piece:
+    """What the trainer's save_checkpoint asks a model for: here, one piece of its sharded state."""
+
+    def __init__(self, sharded_state_dict: dict) -> None:
+        self.sharded = sharded_state_dict
+
+    def sharded_state_dict(self) -> dict:
+        return self.sharded
+
+
 def hf_to_megatron(spec: ModelSpec, reader: HFReader, out_dir: str, progress: Progress) -> str:
-    """Fill the model tensor by tensor from the HF files, then the trainer's save (iteration 0)."""
-    model, args = whole_model(spec)
+    """Each piece (the embedding, a layer, the output) filled from the HF files and saved on
+    its own; the last one by the trainer's save_checkpoint (iteration 0), which merges them."""
+    model, args = meta_model(spec)
     params = _params(model)
-    todo = list(rules(spec))
-    unmapped = set(params) - {r.megatron for r in todo}
-    if unmapped:
-        raise RuntimeError(f"megatron-core tensors with no HF source: {sorted(unmapped)}")
-    start = time.monotonic()
-    with torch.no_grad():
-        for n, rule in enumerate(todo, 1):
-            target = params[rule.megatron]
-            value = rule.to_megatron([reader.get(name) for name in rule.hf])
-            if value.shape != target.shape:
-                raise RuntimeError(
-                    f"{rule.megatron}: HF gives {tuple(value.shape)}, megatron-core has {tuple(target.shape)}"
-                )
-            target.copy_(value)
-            if n % 50 == 0 or n == len(todo):
-                progress(f"  {n}/{len(todo)} tensors ({time.monotonic() - start:.0f} s)")
-    args.save, args.no_save_optim, args.no_save_rng = out_dir, True, True
-    return save_checkpoint(0, [model], None, None, args)
+    by_name = {r.megatron: r for r in rules(spec)}
+    if set(params) != set(by_name):
+        raise RuntimeError(
+            f"megatron-core tensors with no HF source: {sorted(set(params) - set(by_name))}; "
+            f"mapped tensors the model lacks: {sorted(set(by_name) - set(params))}"
+        )
+    pieces = _pieces(model)
+    staging = Pieces(os.path.join(out_dir, "iter_0000000.pieces"))
+    start, done = time.monotonic(), 0
+    for n, (piece, entries) in enumerate(pieces.items(), 1):
+        filled = {}
+        for name, entry in entries.items():
+            rule = by_name.get(name)
+            if rule is not None:  # else an _extra_state object, saved as it is
+                with torch.no_grad():
+                    value = rule.to_megatron([reader.get(hf) for hf in rule.hf]).to(params[name].dtype)
+                entry, done = _with_data(entry, value), done + 1
+            filled[name] = entry
+        if n < len(pieces):
+            staging.save({"model": filled})
+        else:
+            args.save, args.no_save_optim, args.no_save_rng = out_dir, True, True
+            directory = save_checkpoint(0, [_Piece(filled)], None, None, args, before_publish=_merge(staging, out_dir))
+        progress(f"  {piece}: {done}/{len(by_name)} tensors ({time.monotonic() - start:.0f} s)")
+    return directory
+
+
+def _merge(staging: Pieces, out_dir: str) -> Callable[[int], None]:
+    return lambda iteration: staging.merge(checkpoint_dir(out_dir, iteration) + ".partial")
 
 
 def megatron_to_hf(
-    spec: ModelSpec, load_dir: str, iteration: int, progress: Progress
+    spec: ModelSpec, directory: str, progress: Progress, cut: dict[str, torch.Tensor] | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Load a checkpoint of any layout into the whole model; yield HF tensors one rule at a time."""
-    model, args = whole_model(spec)
-    # weights only: no optimizer, RNG or data position
-    args.load, args.ckpt_step, args.finetune = load_dir, iteration, True
-    load_checkpoint([model], None, None, args)
-    progress(f"  loaded iteration {iteration} of {load_dir} into one whole model")
+    """Read a checkpoint of any layout piece by piece (each tensor's chunks of one layer,
+    whatever TP x PP saved them); yield HF tensors one rule at a time. ``cut``: the vocabulary
+    rows the import cut (``cut_vocab_rows``), put back."""
+    model, _ = meta_model(spec)
     params = _params(model)
+    by_name = {r.megatron: r for r in rules(spec, cut)}
+    reader = Reader(directory)
     dtype = getattr(torch, spec.dtype)  # the model keeps some tensors (norm scales) in fp32 under --bf16
-    for rule in rules(spec):
-        with torch.no_grad():
-            tensors = rule.to_hf(params[rule.megatron].detach())
-            yield from zip(rule.hf, [t.to(dtype) for t in tensors], strict=True)
+    start, done = time.monotonic(), 0
+    for piece, entries in _pieces(model).items():
+        wanted = {}
+        for name, entry in entries.items():
+            if name in by_name:
+                at = (int(name.split(".")[2]),) if name.startswith("decoder.layers.") else ()
+                if reader.shape(entry.key, len(at)) != tuple(params[name].shape):
+                    raise RuntimeError(
+                        f"{directory}: {entry.key} is {reader.shape(entry.key, len(at))} per layer, "
+                        f"the model's {name} is {tuple(params[name].shape)}"
+                    )
+                wanted[name] = (entry.key, at, torch.empty(params[name].shape, dtype=params[name].dtype))
+        reader.load({key: (at, target) for key, at, target in wanted.values()})
+        for name, (_, _, target) in wanted.items():
+            with torch.no_grad():
+                tensors = by_name[name].to_hf(target)
+            yield from zip(by_name[name].hf, [t.to(dtype) for t in tensors], strict=True)
+            done += 1
+        progress(f"  {piece}: {done}/{len(by_name)} tensors ({time.monotonic() - start:.0f} s)")

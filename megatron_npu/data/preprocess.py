@@ -3,8 +3,12 @@
 The same tokenizer (``tokenizers.preprocessing_encoder``: megatron-core's unless
 ``--legacy-tokenizer``), the same documents (a list value is pre-split sentences, empty
 sequences dropped, the eod after a key's last sequence, a key with no tokens a document with
-no sequence); in addition, bad lines are counted and reported (``--strict`` fails on them)
-instead of stopping the run, and the output is renamed into place at the end.
+no sequence) in the same order (--partitions reorders them as that tool does), and with
+--split-sentences the same punkt sentences (``sentences.py``) in ``_sentence`` files; that tool
+first writes a ``_ss`` jsonl of the sentences and needs a second run to encode it, here one run
+splits and encodes without the intermediate file. In addition,
+bad lines are counted and reported (``--strict`` fails on them) instead of stopping the run,
+and the output is renamed into place at the end.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import glob
 import gzip
 import json
 import multiprocessing as mp
@@ -32,6 +37,7 @@ BATCH = 256
 WINDOW_PER_WORKER = 4  # batches in flight per worker: bounds memory whatever the corpus size
 _TOK: Any = None
 _ARGS: Any = None
+_SPLIT: Any = None  # --split-sentences: built once before the workers fork, inherited by them
 
 
 def _open(path: str):
@@ -77,6 +83,13 @@ def _sentences(value: Any) -> list[str]:
     return [value if isinstance(value, str) else str(value)]
 
 
+def _split(value: Any) -> list[str] | str:
+    """--split-sentences: a text's sentences (Megatron-LM's tool fails on any other value)."""
+    if not isinstance(value, str):
+        return "not a string (--split-sentences)"
+    return _SPLIT(value)
+
+
 def _encode(batch: list[tuple[int, bytes]]) -> tuple[list[tuple[int, Any, int]], dict[str, Any]]:
     """Per line (lineno, {key: sequence lengths} or problem string, nbytes), and per key one
     array of the batch's tokens in the dataset dtype: one object to pickle back, not one per
@@ -100,7 +113,12 @@ def _encode(batch: list[tuple[int, bytes]]) -> tuple[list[tuple[int, Any, int]],
         if not isinstance(obj, dict) or any(k not in obj for k in keys):
             parsed.append((lineno, "missing key", len(raw)))
             continue
-        parsed.append((lineno, {k: _sentences(obj[k]) for k in keys}, len(raw)))
+        if _SPLIT is None:
+            parsed.append((lineno, {k: _sentences(obj[k]) for k in keys}, len(raw)))
+            continue
+        split = {k: _split(obj[k]) for k in keys}
+        bad = next((v for v in split.values() if isinstance(v, str)), None)
+        parsed.append((lineno, bad or split, len(raw)))
     good = [val for _, val, _ in parsed if isinstance(val, dict)]
     # As in Megatron-LM, --keep-newlines only matters with sentence splitting.
     encoded = {k: iter(tok.tokenize_batch_arrays([t for val in good for t in val[k]])) for k in keys}
@@ -125,28 +143,40 @@ def _encode(batch: list[tuple[int, bytes]]) -> tuple[list[tuple[int, Any, int]],
     return out, blobs
 
 
-def _batches(path: str) -> Iterator[list[tuple[int, bytes]]]:
-    with _open(path) as f:
-        it = ((i + 1, line.rstrip(b"\r\n")) for i, line in enumerate(f))
-        it = ((i, ln) for i, ln in it if ln.strip())
-        while True:
-            b = list(islice(it, BATCH))
-            if not b:
-                return
-            yield b
+def _input_files(a: argparse.Namespace) -> list[str]:
+    """--input, or with --partitions > 1 what Megatron-LM's tool reads then: the files its
+    pattern matches, in ``glob.glob``'s order (so the same files in the same order as that tool)."""
+    return glob.glob(a.input) if a.partitions > 1 else [a.input]
 
 
-def _check_split_sentences() -> None:
-    """Megatron-LM splits with NLTK's punkt; refuse clearly rather than write unsplit data."""
-    try:
-        import nltk  # noqa: F401
-    except ImportError:
-        raise TokenizerError(
-            "--split-sentences needs NLTK, which is not installed (pip install nltk); or drop --split-sentences"
-        ) from None
-    raise TokenizerError(
-        "--split-sentences is not supported by megatron-npu yet; drop it (GPT pretraining uses whole documents)"
-    )
+def _lines(a: argparse.Namespace) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) in the order Megatron-LM's tool writes the documents.
+
+    With --partitions P > 1 it deals the lines of all matched files to P partition files,
+    encodes each and concatenates them in partition order: line n goes to partition n % P, or
+    with --keep-sequential-samples to n // ceil(lines / P), which keeps the input order. The
+    same order is read here in P passes (no partition files written); line numbers count every
+    line of the matched files in order, as the partitioning does.
+    """
+    files, parts = _input_files(a), max(a.partitions, 1)
+    passes = [None] if parts == 1 or a.keep_sequential_samples else range(parts)
+    for part in passes:
+        n = 0
+        for path in files:
+            with _open(path) as f:
+                for line in f:
+                    n += 1
+                    if part is None or (n - 1) % parts == part:
+                        yield n, line.rstrip(b"\r\n")
+
+
+def _batches(a: argparse.Namespace) -> Iterator[list[tuple[int, bytes]]]:
+    it = ((i, ln) for i, ln in _lines(a) if ln.strip())
+    while True:
+        b = list(islice(it, BATCH))
+        if not b:
+            return
+        yield b
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -159,9 +189,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument(
         "--split-sentences",
         action="store_true",
-        help="Megatron-LM's NLTK sentence splitting (needs nltk; not supported yet)",
+        help="Megatron-LM's NLTK punkt sentence splitting (needs nltk and its punkt_tab data)",
     )
-    g.add_argument("--keep-newlines", action="store_true")
+    g.add_argument("--keep-newlines", action="store_true", help="with --split-sentences: keep newlines in sentences")
     g = p.add_argument_group(title="tokenization process")
     g.add_argument("--append-eod", action="store_true")
     g.add_argument("--lang", type=str, default="english", help="NLTK language (with --split-sentences)")
@@ -169,8 +199,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--output-prefix", required=True)
     g = p.add_argument_group(title="runtime")
     g.add_argument("--workers", type=int, default=1)
-    g.add_argument("--partitions", type=int, default=1, help="accepted; one ordered pass whatever the value")
-    g.add_argument("--keep-sequential-samples", action="store_true", help="accepted; output is always in order")
+    g.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        help="Megatron-LM's document order for P file partitions (--input is then a glob); one output",
+    )
+    g.add_argument(
+        "--keep-sequential-samples",
+        action="store_true",
+        help="with --partitions: contiguous partitions, so the input order is kept",
+    )
     g.add_argument("--log-interval", type=int, default=10000)
     g.add_argument("--strict", action="store_true", help="exit 1 when any input line was skipped")
     a = p.parse_args(argv)
@@ -180,15 +219,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
+    global _SPLIT
     tok = preprocessing_encoder(_options(a))  # fail before any work
+    _SPLIT = None
     if getattr(a, "split_sentences", False):
-        _check_split_sentences()
-    if not os.path.exists(a.input):
-        raise TokenizerError(f"--input {a.input}: no such file")
+        from megatron_npu.data.sentences import build_splitter  # imports nltk: only when asked
+
+        _SPLIT = build_splitter(a.lang, a.keep_newlines)
+    if a.partitions < 1:
+        raise TokenizerError(f"--partitions {a.partitions}: must be at least 1")
+    files = _input_files(a)
+    if not files or not all(map(os.path.exists, files)):
+        what = "no file matches this pattern (--partitions > 1)" if a.partitions > 1 else "no such file"
+        raise TokenizerError(f"--input {a.input}: {what}")
     dtype = optimal_dtype(tok.vocab_size)
     builders, final = {}, {}
+    level = "sentence" if _SPLIT is not None else "document"  # Megatron-LM's file names
     for k in a.json_keys:
-        final[k] = f"{a.output_prefix}_{k}_document"
+        final[k] = f"{a.output_prefix}_{k}_{level}"
         builders[k] = IndexedDatasetWriter(final[k] + ".bin.tmp", dtype)
     problems: dict[str, list[int]] = {}
     docs = toks = nbytes = 0
@@ -201,10 +249,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         pool = mp.get_context("fork").Pool(a.workers, _init, (a,))
     if pool is None:
         _init(a)
-        results = map(_encode, _batches(a.input))
+        results = map(_encode, _batches(a))
     else:
         # ordered (deterministic output) and bounded (flat memory)
-        results = _bounded_imap(pool, _encode, _batches(a.input), WINDOW_PER_WORKER * a.workers)
+        results = _bounded_imap(pool, _encode, _batches(a), WINDOW_PER_WORKER * a.workers)
     next_log = a.log_interval
     try:
         for entries, blobs in results:

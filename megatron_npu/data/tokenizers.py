@@ -14,8 +14,10 @@ the new SentencePiece types all encode alike (no Llama-2 BOS).
 - ``preprocessing_encoder``: what preprocessing encodes with. Where the new system's ids are
   library calls (SentencePiece ``encode_as_ids``, the null tokenizer, a HuggingFace tokenizer
   without extra token flags) it makes those calls directly, batched, without importing
-  megatron-core (torch and megatron.core's package: 5-8 s of start-up per run); everything
-  else goes through ``build_tokenizer``. tests/test_data_tokenizers.py checks them against
+  megatron-core (torch and megatron.core's package: 5-8 s of start-up per run); a
+  HuggingFace directory that transformers would load unchanged from its tokenizer.json is
+  encoded by the ``tokenizers`` library alone (``hf_fast``: no transformers, so no torch);
+  everything else goes through ``build_tokenizer``. tests/test_data_tokenizers.py checks them against
   megatron-core's tokenizers, tests/test_preprocess_upstream.py against Megatron-LM's tool.
 - ``padded_vocab_size``: the model's vocabulary as Megatron-LM computes it: from the legacy
   tokenizer's size, which its ``megatron/training/global_vars.py`` always builds.
@@ -160,7 +162,11 @@ def preprocessing_encoder(o: TokenizerOptions) -> Any:
     if o.tokenizer_type == "HuggingFaceTokenizer" and not (
         o.tokenizer_metadata or o.tokenizer_special_tokens or o.vocab_file or o.merge_file
     ):
-        return _HuggingFaceIds(o)
+        from megatron_npu.data.hf_fast import direct_encoder
+
+        # the tokenizers library alone where its ids are megatron-core's (no transformers: no torch)
+        direct = direct_encoder(o.tokenizer_model, o.tokenizer_hf_include_special_tokens)
+        return direct if direct is not None else _HuggingFaceIds(o)
     return _CoreEncoder(build(o))
 
 

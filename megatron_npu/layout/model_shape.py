@@ -111,14 +111,19 @@ class ModelShape:
             raise LayoutError("the vocabulary size is unknown: give --vocab-size (or a tokenizer)")
         return pad_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tp)
 
-    def check_tensor_parallel(self, tp: int, tp_flag: str = "--tp") -> None:
-        """TP splits heads, query groups and the MLP's hidden features evenly."""
+    def check_tensor_parallel(self, tp: int, tp_flag: str = "--tp", names: dict[str, str] | None = None) -> None:
+        """TP splits heads, query groups and the MLP's hidden features evenly. ``names``: what
+        messages call these fields (default: their Megatron-LM flags; the converter: HF's keys)."""
+        name = {f: "--" + f.replace("_", "-") for f in ("num_attention_heads", "num_query_groups", "ffn_hidden_size")}
+        name |= names or {}
         if self.num_attention_heads % tp != 0:
-            raise LayoutError(f"--num-attention-heads {self.num_attention_heads} is not divisible by {tp_flag} {tp}")
+            raise LayoutError(
+                f"{name['num_attention_heads']} {self.num_attention_heads} is not divisible by {tp_flag} {tp}"
+            )
         if self.num_query_groups % tp != 0:
             raise LayoutError(
-                f"--num-query-groups {self.num_query_groups} is not divisible by {tp_flag} {tp}; "
+                f"{name['num_query_groups']} {self.num_query_groups} is not divisible by {tp_flag} {tp}; "
                 "use a TP size that divides the query groups"
             )
         if self.ffn_hidden_size % tp != 0:
-            raise LayoutError(f"--ffn-hidden-size {self.ffn_hidden_size} is not divisible by {tp_flag} {tp}")
+            raise LayoutError(f"{name['ffn_hidden_size']} {self.ffn_hidden_size} is not divisible by {tp_flag} {tp}")

@@ -32,11 +32,17 @@ the token count's broadcast over pp and all-reduce over dp (1 int32 each). Full 
 every layer is an option (unverified). Not modelled: partial recomputation, cross-entropy
 loss fusion, CP attention traffic, logging/eval/checkpoint collectives, one-time set-up collectives.
 
-MoE (``--num-experts``, EP > 1, the alltoall dispatcher): the expert all-to-all on the ep group,
-``expert_all_to_all_bytes``; checked byte for byte against a dropless top-2 EP2 run
-(tests/test_moe.py). Not modelled for MoE: the router's small collectives, the expert-TP gathers,
-and the expert parameters' gradient reduction over the expert-data-parallel group (the dp_cp
-figures count dense parameters only).
+MoE (``--num-experts``; megatron-core 0.16.1's SequentialMLP experts): an MoE layer's router and
+shared experts in the dense buffer (dp_cp); under EP > 1 the experts in a DDP buffer of their own,
+reduced over expert data parallel (edp), with the expert optimizer's grad norm on expert TP x EP x
+PP (expert_mp, without the distributed optimizer); with the alltoall dispatcher the expert
+all-to-all on ep (``expert_all_to_all_bytes``) and each micro-batch's token counts per expert
+gathered over expert TP x EP (tp_ep, int64); the trainer's MoE loss report reduces megatron-core's
+[num_layers] tracker per loss over pp, then tp_cp and dp for the balancing losses of a stage with
+MoE layers. All checked byte for byte per group against a dropless top-2 EP2 x DP2 run
+(tests/test_moe.py). Modelled but unchecked: the aux loss's token-count all-reduce over TP x CP > 1.
+Not modelled: the expert-TP gathers of the dispatcher (expert TP > 1), the MoE layers' TP traffic
+(counted as a dense MLP's), global_aux_loss, the allgather dispatcher.
 
 Checked call for call against CommCounter on real megatron-core steps (gloo, cpu): world 1
 with and without the distributed optimizer, TP2, TP2 + SP + distributed optimizer, PP2
@@ -50,11 +56,13 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from megatron_npu.accelerator.facts import PLANNING_FACTS
 from megatron_npu.layout.model_shape import ModelShape, pad_vocab_size
-from megatron_npu.layout.moe import moe_freq_type, moe_layer_pattern
+from megatron_npu.layout.moe import moe_freq_type, moe_groups, moe_layer_pattern
+from megatron_npu.layout.parallel_dims import ParallelDims
 from megatron_npu.layout.rankmap import LayoutError, RankMap, add_layout_args, build_rank_map
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -62,7 +70,7 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # and override with --intra-gbps / --inter-gbps.
 HCCS_GBPS = PLANNING_FACTS.intra_node_gbps  # GB/s per device inside a node
 ROCE_GBPS = PLANNING_FACTS.inter_node_gbps  # GB/s per device between nodes
-LABELS = ("tp", "pp", "dp_cp", "dp", "embd", "mp", "dist_opt", "ep")
+LABELS = ("tp", "pp", "dp_cp", "dp", "embd", "mp", "dist_opt", "ep", "edp", "tp_ep", "expert_mp", "tp_cp")
 
 
 def expert_all_to_all_bytes(
@@ -116,6 +124,14 @@ class ModelSpec:
     num_experts: int | None = None  # MoE: experts per MoE layer
     moe_router_topk: int = 2
     moe_layer_freq: int | list[int] = 1
+    moe_ffn_hidden_size: int | None = None  # None: ffn_hidden_size
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_shared_expert_gate: bool = False
+    moe_token_dispatcher_type: str = "alltoall"  # the EP all-to-all is modelled for alltoall
+    moe_pad_expert_input_to_capacity: bool = False
+    moe_router_load_balancing_type: str | list[str] = "aux_loss"
+    moe_aux_loss_coeff: float | list[float] = 0.0
+    moe_z_loss_coeff: float | None = None
 
     @classmethod
     def from_shape(cls, shape: ModelShape, **training: object) -> ModelSpec:
@@ -155,6 +171,31 @@ class ModelSpec:
     @property
     def tied(self) -> bool:
         return not self.untie_embeddings_and_output_weights
+
+    @property
+    def moe_ffn(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn
+
+    def moe_layers(self, start: int, count: int) -> list[bool]:
+        """Which of layers ``start`` .. ``start + count - 1`` are MoE layers (none without experts)."""
+        if not self.num_experts:
+            return [False] * count
+        return moe_layer_pattern(self.moe_layer_freq, self.num_layers)[start : start + count]
+
+    def tracked_moe_losses(self) -> list[tuple[str, bool]]:
+        """The MoE losses the trainer logs (training/reporting.py's moe_track_names), each with whether
+        megatron-core's router registers a reduce group for it (the balancing losses with a coefficient:
+        TP x CP, then DP) or only the pipeline reduce runs (z-loss; a zero coefficient)."""
+        types = self.moe_router_load_balancing_type
+        types = [types] if isinstance(types, str) else list(types)
+        coeffs = self.moe_aux_loss_coeff if isinstance(self.moe_aux_loss_coeff, list) else [self.moe_aux_loss_coeff]
+        coeff = dict(zip(types, coeffs * len(types) if len(coeffs) == 1 else coeffs, strict=True))
+        names = [
+            (name, coeff[kind] > 0)
+            for kind, name in (("aux_loss", "load_balancing_loss"), ("seq_aux_loss", "seq_load_balancing_loss"))
+            if kind in types
+        ]
+        return names + ([("z_loss", False)] if self.moe_z_loss_coeff is not None else [])
 
     def padded_vocab(self, tp: int) -> int:
         return pad_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tp)
@@ -309,8 +350,19 @@ class CommPlan:
         }
 
 
-def _stage_params(m: ModelSpec, tp: int, layers: int, first: bool, last: bool, pp: int) -> list[tuple[str, int]]:
-    """(name, numel) of one model chunk's parameters in named_parameters() order (local spec)."""
+def _stage_params(
+    m: ModelSpec,
+    tp: int,
+    layers: int,
+    first: bool,
+    last: bool,
+    pp: int,
+    moe: list[bool] | None = None,
+    experts: tuple[int, int] = (0, 1),
+) -> list[tuple[str, int]]:
+    """(name, numel) of one model chunk's parameters in named_parameters() order (local spec). An MoE
+    layer (``moe``, per layer) has a router, ``experts`` = (local experts, expert TP) and the shared
+    experts; under EP > 1 DDP reduces the experts (``_is_expert``) over expert data parallel."""
     shape = m.shape
     h, kv, groups = shape.hidden_size, shape.kv_channels, shape.num_query_groups
     norm = ["weight"] if m.normalization == "RMSNorm" else ["weight", "bias"]
@@ -331,6 +383,9 @@ def _stage_params(m: ModelSpec, tp: int, layers: int, first: bool, last: bool, p
         out.append((p + "self_attention.linear_qkv.weight", qkv_out * h))
         out += [(p + "self_attention.linear_qkv.bias", qkv_out)] if bias else []
         out += [(p + "pre_mlp_layernorm." + n, h) for n in norm]
+        if moe and moe[i]:
+            out += _moe_params(m, tp, p + "mlp.", *experts)
+            continue
         out.append((p + "mlp.linear_fc1.weight", fc1_out * h))
         out += [(p + "mlp.linear_fc1.bias", fc1_out)] if bias else []
         out.append((p + "mlp.linear_fc2.weight", h * shape.ffn_hidden_size // tp))
@@ -342,9 +397,30 @@ def _stage_params(m: ModelSpec, tp: int, layers: int, first: bool, last: bool, p
     return out
 
 
+def _moe_params(m: ModelSpec, tp: int, prefix: str, local_experts: int, etp: int) -> list[tuple[str, int]]:
+    """An MoE layer's parameters: the router (replicated), the local experts (SequentialMLP, no bias)
+    and the shared experts."""
+    h, ffn = m.hidden_size, m.moe_ffn
+    out = [(prefix + "router.weight", (m.num_experts or 0) * h)]
+    for e in range(local_experts):
+        p = f"{prefix}experts.local_experts.{e}."
+        out.append((p + "linear_fc1.weight", ffn * (2 if m.swiglu else 1) // etp * h))
+        out.append((p + "linear_fc2.weight", h * ffn // etp))
+    shared = m.moe_shared_expert_intermediate_size
+    if shared:
+        out.append((prefix + "shared_experts.linear_fc1.weight", shared * (2 if m.swiglu else 1) // tp * h))
+        out.append((prefix + "shared_experts.linear_fc2.weight", h * shared // tp))
+        out += [(prefix + "shared_experts.gate_weight", h)] if m.moe_shared_expert_gate else []
+    return out
+
+
+def _is_expert(name: str) -> bool:
+    return ".mlp.experts." in name
+
+
 def _sp_marked(name: str) -> bool:
-    """Params megatron marks ``sequence_parallel``: norms and row-parallel biases."""
-    return "layernorm" in name or name.endswith(("linear_proj.bias", "linear_fc2.bias"))
+    """Params megatron marks ``sequence_parallel``: norms, row-parallel biases and the MoE router."""
+    return "layernorm" in name or name.endswith(("linear_proj.bias", "linear_fc2.bias", "router.weight"))
 
 
 def _buckets(
@@ -410,8 +486,16 @@ def plan(
     sp = par.sequence_parallel
     bucket_size = par.bucket_size or max(40_000_000, 1_000_000 * dp * cp)
 
+    moe = bool(model.num_experts)
+    local_experts = model.num_experts // dims.ep if moe else 0  # type: ignore[operator]
+    groups = layout.groups
+    if moe:
+        groups = groups | moe_groups(
+            tp, pp, cp, dp, dims.expert_tp, dims.ep, dims.world_size // (dims.expert_tp * dims.ep * pp)
+        )
+
     def group(name: str, rank: int) -> list[int]:
-        return next(g for g in layout.groups[name] if rank in g)
+        return next(g for g in groups[name] if rank in g)
 
     out = []
     for e in layout.ranks:
@@ -472,10 +556,18 @@ def plan(
         if last:  # vocab-parallel cross-entropy: max, predicted logit, sum exp (unconditional)
             add("tp", "all_reduce", "cross-entropy (fp32 [s,b])", 3 * mbs, scalar, tpg, tp_inter)
         # parameters, per model chunk (each chunk has its own DDP buffers)
-        chunks = []
+        chunks, moe_here = [], 0
         for c in range(vpp):
             vstage = c * pp + e.pp_rank
-            chunks.append(_stage_params(model, tp, chunk_layers, vstage == 0, vstage == pp * vpp - 1, pp))
+            moe_layers = model.moe_layers(vstage * chunk_layers, chunk_layers)
+            moe_here += sum(moe_layers)
+            experts = (local_experts, dims.expert_tp)
+            chunks.append(
+                _stage_params(model, tp, chunk_layers, vstage == 0, vstage == pp * vpp - 1, pp, moe_layers, experts)
+            )
+        # under EP > 1 the experts have a DDP buffer of their own, reduced over expert data parallel
+        expert_chunks = [[p for p in ch if _is_expert(p[0])] for ch in chunks] if dims.ep > 1 else []
+        chunks = [[p for p in ch if not _is_expert(p[0])] for ch in chunks] if dims.ep > 1 else chunks
         if sp:
             n = sum(numel for ch in chunks for name, numel in ch if _sp_marked(name))
             add("tp", "all_reduce", "SP norm/bias grads", 1, n * gb, tpg, tp_inter)
@@ -522,24 +614,8 @@ def plan(
             if pp > 1:
                 add("pp", "broadcast", "token count (per-token loss)", 1, 4, ppg, layout.spans_nodes(ppg))
             add("dp_cp", "all_reduce", "token count (per-token loss)", 1, 4, dpg, dp_inter)
-        if model.num_experts and dims.ep > 1:
-            pattern = moe_layer_pattern(model.moe_layer_freq, model.num_layers)
-            starts = [(c * pp + e.pp_rank) * chunk_layers for c in range(vpp)]
-            moe_here = sum(sum(pattern[start : start + chunk_layers]) for start in starts)
-            epg = group("ep", e.rank)
-            # expert_all_to_all_bytes per call: [pairs, hidden] tokens 4x, [pairs] probabilities 2x
-            pairs = model.micro_batch_size * model.seq_length // (cp * (tp if sp else 1)) * model.moe_router_topk
-            ep_inter, calls = layout.spans_nodes(epg), moe_here * mbs
-            add(
-                "ep",
-                "all_to_all",
-                "MoE tokens: dispatch, combine; fwd + bwd",
-                4 * calls,
-                pairs * model.hidden_size * pb,
-                epg,
-                ep_inter,
-            )
-            add("ep", "all_to_all", "MoE routing probs: dispatch; fwd + bwd", 2 * calls, pairs * pb, epg, ep_inter)
+        if moe:
+            _plan_moe(model, par, dims, e.rank, moe_here, mbs, expert_chunks, bucket_size, group, add, layout)
         if par.loss_allreduce and last:
             dg = group("dp", e.rank)
             add(
@@ -547,6 +623,73 @@ def plan(
             )
         out.append(rp)
     return CommPlan(layout, model, par, out, intra_gbps, inter_gbps)
+
+
+def _plan_moe(
+    model: ModelSpec,
+    par: ParallelSpec,
+    dims: ParallelDims,
+    rank: int,
+    moe_here: int,
+    mbs: int,
+    expert_chunks: list[list[tuple[str, int]]],
+    bucket_size: int,
+    group: Callable[[str, int], list[int]],
+    add: Callable[..., None],
+    layout: RankMap,
+) -> None:
+    """One rank's MoE collectives (megatron-core 0.16.1, checked on an EP2 x DP2 run: tests/test_moe.py)."""
+    pb, gb, sp = DTYPE_BYTES[model.params_dtype], model.grad_bytes(), par.sequence_parallel and dims.tp > 1
+    calls = moe_here * mbs
+    if dims.ep > 1 and model.moe_token_dispatcher_type == "alltoall":
+        epg = group("ep", rank)
+        # expert_all_to_all_bytes per call: [pairs, hidden] tokens 4x, [pairs] probabilities 2x
+        pairs = model.micro_batch_size * model.seq_length // (dims.cp * (dims.tp if sp else 1)) * model.moe_router_topk
+        inter = layout.spans_nodes(epg)
+        what = "MoE tokens: dispatch, combine; fwd + bwd"
+        add("ep", "all_to_all", what, 4 * calls, pairs * model.hidden_size * pb, epg, inter)
+        add("ep", "all_to_all", "MoE routing probs: dispatch; fwd + bwd", 2 * calls, pairs * pb, epg, inter)
+    if model.moe_token_dispatcher_type == "alltoall" and not model.moe_pad_expert_input_to_capacity:
+        if dims.ep * dims.expert_tp > 1:  # the dispatcher's preprocess: every rank's [experts] counts
+            g = group("tp_ep", rank)
+            add(
+                "tp_ep",
+                "all_gather",
+                "MoE tokens per expert (int64)",
+                calls,
+                model.num_experts * 8,
+                g,
+                layout.spans_nodes(g),
+            )
+    # the experts' DDP buffer (EP > 1), padded as the distributed optimizer pads it
+    edpg, edp = group("edp", rank), dims.world_size // (dims.expert_tp * dims.ep * dims.pp)
+    for c, ch in enumerate(expert_chunks):
+        bsize = bucket_size if (par.overlap_grad_reduce and layout.ranks[rank].pp_rank == 0 and c == 0) else None
+        for b in _buckets(ch, edp, par.use_distributed_optimizer, bsize, set()) if ch else []:
+            inter = layout.spans_nodes(edpg)
+            if par.use_distributed_optimizer:
+                add("edp", "reduce_scatter", "expert grad buffer", 1, b * gb, edpg, inter)
+                add("edp", "all_gather", "expert param buffer shard", 1, b // edp * pb, edpg, inter)
+            else:
+                add("edp", "all_reduce", "expert grad buffer", 1, b * gb, edpg, inter)
+    if par.clip_grad > 0 and dims.ep > 1 and not par.use_distributed_optimizer:
+        # the expert optimizer's own grad-stats group (the distributed optimizer shares dist_opt's)
+        g = group("expert_mp", rank)
+        add("expert_mp", "all_reduce", "expert grad norm", 1, 4, g, layout.spans_nodes(g))
+    # the router's load-balancing token counts, reduced over TP x CP when that is > 1 (unchecked)
+    tp_cp = group("tp_cp", rank)
+    balancing = sum(1 for _, reduced in model.tracked_moe_losses() if reduced and _ != "z_loss")
+    if len(tp_cp) > 1:
+        what = "MoE aux loss: tokens per expert (int64)"
+        add("tp_cp", "all_reduce", what, balancing * calls, model.num_experts * 8, tp_cp, layout.spans_nodes(tp_cp))
+    # the trainer's MoE loss report: megatron-core's tracker, [num_layers] fp32 per loss, every iteration
+    tracker = 4 * model.num_layers
+    ppg, dg = group("pp", rank), group("dp", rank)
+    for name, reduced in model.tracked_moe_losses():
+        add("pp", "all_reduce", f"MoE tracker {name}", 1, tracker, ppg, layout.spans_nodes(ppg))
+        if reduced and moe_here:  # the reduce group a MoE layer of this stage registered, then DP
+            add("tp_cp", "all_reduce", f"MoE tracker {name}", 1, tracker, tp_cp, layout.spans_nodes(tp_cp))
+            add("dp", "all_reduce", f"MoE tracker {name} (avg)", 1, tracker, dg, layout.spans_nodes(dg))
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

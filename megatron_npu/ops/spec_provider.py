@@ -7,7 +7,8 @@ neutral signature and run the torch math where the device has no kernel: the nor
 when asked for with ``--use-flash-attn``) and the SwiGLU activation (megatron-core builds
 a spec'd activation when ``config.use_te_activation_func`` is set; training/config.py
 sets it where the device has the kernel and ``--no-bias-swiglu-fusion`` is not given).
-Linear layers stay megatron-core's own, and so do an MoE layer's experts (SequentialMLP).
+Linear layers stay megatron-core's own, and so do an MoE layer's experts (SequentialMLP; its
+grouped-GEMM forward with ``--moe-grouped-gemm``).
 
 RoPE has no module here: megatron-core applies it inside SelfAttention, before core
 attention; its fused slot is filled by patches/fused_ops.py and used only when
@@ -27,6 +28,7 @@ from megatron.core.transformer.moe.experts import SequentialMLP
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.ops.fused import SwiGLU
+from megatron_npu.ops.grouped_gemm import GroupedSequentialMLP
 from megatron_npu.ops.norm import SequenceParallelTorchNorm
 
 
@@ -57,11 +59,13 @@ class DeviceSpecProvider(LocalSpecProvider):
     def grouped_mlp_modules(
         self, moe_use_grouped_gemm: bool, moe_use_legacy_grouped_gemm: bool
     ) -> tuple[type, MLPSubmodules]:
-        """The experts of an MoE layer: SequentialMLP, one megatron-core MLP per local expert, with or
-        without ``--moe-grouped-gemm``. megatron-core's grouped modules need the grouped_gemm CUDA package
-        (GroupedMLP) or Transformer Engine (TEGroupedMLP); SequentialMLP is the same math unfused, and
-        its checkpoint keys are the ones megatron-core reshards across EP sizes."""
-        return SequentialMLP, MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
+        """The experts of an MoE layer: SequentialMLP, one megatron-core MLP per local expert; with
+        ``--moe-grouped-gemm`` its grouped-GEMM forward (ops/grouped_gemm.py: the device's grouped
+        matmul). megatron-core's grouped modules need the grouped_gemm CUDA package (GroupedMLP) or
+        Transformer Engine (TEGroupedMLP); the grouped forward keeps SequentialMLP's parameters and
+        checkpoint keys, the ones megatron-core reshards across EP sizes."""
+        experts = GroupedSequentialMLP if moe_use_grouped_gemm else SequentialMLP
+        return experts, MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)
 
 
 class DeviceActivation:

@@ -245,5 +245,9 @@ def megatron_groups() -> dict[str, Any]:
         # MoE: the token all-to-all (EP) and the expert parameters' gradient reduction (expert DP)
         "ep": ps.get_expert_model_parallel_group(check_initialized=False),
         "edp": ps.get_expert_data_parallel_group(check_initialized=False),
+        # the router and dispatcher's small collectives: token counts, the expert grad norm, the aux loss
+        "tp_ep": ps.get_expert_tensor_and_model_parallel_group(check_initialized=False),
+        "expert_mp": ps.get_expert_tensor_model_pipeline_parallel_group(check_initialized=False),
+        "tp_cp": ps.get_tensor_and_context_parallel_group(check_initialized=False),
         "world": dist.group.WORLD,
     }

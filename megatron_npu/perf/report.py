@@ -110,6 +110,9 @@ PLAN_DIMENSIONS = {
     "dp": "loss report (DP)",
     "ep": "expert all-to-all (EP)",
     "edp": "expert grad sync (expert DP)",
+    "tp_ep": "expert token counts (ETP x EP)",
+    "expert_mp": "expert grad norm",
+    "tp_cp": "MoE aux loss (TP x CP)",
 }
 HIGH_FREQUENCY = ("tp", "dp_cp")
 
@@ -327,6 +330,7 @@ def _planner(run: Run, intra: float, inter: float) -> tuple[Any, str | None]:
             num_experts=a.get("num_experts"),
             moe_router_topk=int(a.get("moe_router_topk") or 2),
             moe_layer_freq=a.get("moe_layer_freq") or 1,
+            **_moe_fields(a),
         )
         par = ParallelSpec(
             sequence_parallel=bool(a.get("sequence_parallel")),
@@ -340,6 +344,21 @@ def _planner(run: Run, intra: float, inter: float) -> tuple[Any, str | None]:
         return plan(model, rmap, par, intra, inter), None
     except (KeyError, TypeError, ValueError, LayoutError) as exc:
         return None, f"planner: {exc}"
+
+
+def _moe_fields(a: dict[str, Any]) -> dict[str, Any]:
+    """The planner's MoE fields a run's args.json holds (Megatron-LM's names)."""
+    names = (
+        "moe_ffn_hidden_size",
+        "moe_shared_expert_intermediate_size",
+        "moe_shared_expert_gate",
+        "moe_token_dispatcher_type",
+        "moe_pad_expert_input_to_capacity",
+        "moe_router_load_balancing_type",
+        "moe_aux_loss_coeff",
+        "moe_z_loss_coeff",
+    )
+    return {name: a[name] for name in names if a.get(name) is not None}
 
 
 def derived_groups(layout: dict[str, Any]) -> dict[str, list[list[int]]]:

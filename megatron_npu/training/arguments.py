@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -228,6 +229,12 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--exit-interval", type=int, default=None)
     g.add_argument("--exit-duration-in-mins", type=int, default=None)
     g.add_argument("--exit-signal-handler", action="store_true")
+    g.add_argument(
+        "--exit-signal",
+        type=_signal_named,
+        default=signal.SIGTERM,
+        help="The signal --exit-signal-handler acts on, by name (default: SIGTERM).",
+    )
     g.add_argument("--tensorboard-dir", type=str, default=None)
     g.add_argument("--no-masked-softmax-fusion", action="store_false", dest="masked_softmax_fusion")
     g.add_argument("--no-bias-gelu-fusion", action="store_false", dest="bias_gelu_fusion")
@@ -252,6 +259,7 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dataloader-type", type=str, default=None, choices=["single", "cyclic", "external"])
     g.add_argument(
         "--no-async-tensor-model-parallel-allreduce",
+        "--disable-async-tensor-model-parallel-allreduce",
         action="store_false",
         dest="async_tensor_model_parallel_allreduce",
         help="Deprecated; ignored.",
@@ -267,7 +275,7 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--manual-gc", action="store_true")
     g.add_argument("--manual-gc-interval", type=int, default=0)
-    g.add_argument("--no-manual-gc-eval", action="store_false", dest="manual_gc_eval")
+    g.add_argument("--no-manual-gc-eval", "--disable-manual-gc-eval", action="store_false", dest="manual_gc_eval")
 
 
 def _add_initialization_args(p: argparse.ArgumentParser) -> None:
@@ -275,6 +283,12 @@ def _add_initialization_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=1234, help="Random seed.")
     g.add_argument("--data-parallel-random-init", action="store_true")
     g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument(
+        "--embedding-init-method-std",
+        type=float,
+        default=None,
+        help="Std of the embedding's initialisation (default: --init-method-std).",
+    )
     g.add_argument("--init-method-xavier-uniform", action="store_true")
 
 
@@ -500,14 +514,19 @@ def _add_logging_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tensorboard-log-interval", type=int, default=1)
     g.add_argument("--tensorboard-queue-size", type=int, default=1000)
     g.add_argument("--log-timers-to-tensorboard", action="store_true")
-    g.add_argument("--no-log-loss-scale-to-tensorboard", action="store_false", dest="log_loss_scale_to_tensorboard")
+    g.add_argument(
+        "--no-log-loss-scale-to-tensorboard",
+        "--disable-log-loss-scale-to-tensorboard",
+        action="store_false",
+        dest="log_loss_scale_to_tensorboard",
+    )
     g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true")
     g.add_argument("--log-memory-to-tensorboard", action="store_true")
     g.add_argument("--log-world-size-to-tensorboard", action="store_true")
-    g.add_argument("--wandb-project", type=str, default="")
-    g.add_argument("--wandb-exp-name", type=str, default="")
-    g.add_argument("--wandb-save-dir", type=str, default="")
-    g.add_argument("--wandb-entity", type=str, default="")
+    g.add_argument("--wandb-project", type=str, default=None)
+    g.add_argument("--wandb-exp-name", type=str, default=None)
+    g.add_argument("--wandb-save-dir", type=str, default=None)
+    g.add_argument("--wandb-entity", type=str, default=None)
     g.add_argument("--logging-level", type=int, default=None)
     g.add_argument(
         "--log-dir",
@@ -530,6 +549,55 @@ def _add_misc_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec", type=str, default=None, nargs="*", help="Accepted for compatibility; must be unset.")
 
 
+def _add_no_effect_args(p: argparse.ArgumentParser) -> None:
+    """Megatron-LM core_v0.16.1 flags accepted for compatibility with no effect here, with
+    upstream's actions and defaults (the policy's ignored rows say why; the trainer prints it once)."""
+    g = p.add_argument_group(title="accepted without effect (Megatron-LM compatibility)")
+
+    def dest(flag: str) -> str:
+        return "no_effect_" + flag.lstrip("-").replace("-", "_")
+
+    for flag in (
+        "--no-one-logger",
+        "--disable-msc",
+        "--disable-clone-scatter-output-in-embedding",
+        "--disable-gloo-process-groups",
+        "--disable-ckpt-fully-parallel-save",
+        "--no-gradient-reduce-div-fusion",
+        "--no-use-tokenizer-model-from-checkpoint-args",
+        "--disable-use-tokenizer-model-from-checkpoint-args",
+    ):
+        g.add_argument(flag, action="store_false", dest=dest(flag))
+    for flag in (
+        "--one-logger-async",
+        "--disable-symmetric-registration",
+        "--create-all-gather-group",
+        "--exit-signal-handler-for-dataloader",
+        "--log-device-memory-used",
+        "--log-max-attention-logit",
+    ):
+        g.add_argument(flag, action="store_true", dest=dest(flag))
+    for flag, default in (
+        ("--one-logger-project", "megatron-lm"),
+        ("--one-logger-run-name", None),
+        ("--app-tag-run-name", None),
+        ("--app-tag-run-version", "0.0.0"),
+        ("--config-logger-dir", ""),
+    ):
+        g.add_argument(flag, type=str, default=default, dest=dest(flag))
+    g.add_argument("--log-memory-interval", type=int, default=None, dest=dest("--log-memory-interval"))
+    g.add_argument(
+        "--high-priority-stream-groups", type=str, nargs="*", default=[], dest=dest("--high-priority-stream-groups")
+    )
+
+
+def _signal_named(name: str) -> signal.Signals:
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{name!r} is not a signal name (e.g. SIGTERM, SIGUSR1)") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Megatron-LM's GPT argument parser (groups as in megatron/training/arguments.py)."""
     p = _Parser(description="megatron-npu pretrain_gpt.py (Megatron-LM arguments)", allow_abbrev=False)
@@ -547,6 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging_args(p)
     _add_misc_args(p)
     add_moe_args(p)
+    _add_no_effect_args(p)
     return p
 
 

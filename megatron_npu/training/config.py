@@ -153,6 +153,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         gradient_accumulation_fusion=fusions["gradient_accumulation_fusion"],
         apply_rope_fusion=rope_fusion(args),
         init_method_std=args.init_method_std,
+        embedding_init_method_std=args.embedding_init_method_std,
         apply_residual_connection_post_layernorm=args.apply_residual_connection_post_layernorm,
         apply_query_key_layer_scaling=args.apply_query_key_layer_scaling,
         attention_softmax_in_fp32=args.attention_softmax_in_fp32,

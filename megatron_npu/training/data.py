@@ -10,6 +10,7 @@ microbatch, in microbatch order.
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import time
 from collections.abc import Iterator
@@ -163,12 +164,12 @@ class _DelayedIterator:
         return next(self.inner)
 
 
-def _ignore_sigterm(worker_id: int) -> None:
-    """--exit-signal-handler: torchrun signals each rank's whole process group, loader
-    workers included, and a worker killed by SIGTERM fails its rank before the rank can
-    save. The rank stops its workers itself when it exits."""
+def _ignore_exit_signal(signum: int, worker_id: int) -> None:
+    """--exit-signal-handler: torchrun (or a scheduler) signals each rank's whole process group,
+    loader workers included, and a worker killed by the signal fails its rank before the rank
+    can save. The rank stops its workers itself when it exits."""
     del worker_id
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signum, signal.SIG_IGN)
 
 
 def build_loader(dataset, consumed_samples: int, args: argparse.Namespace, cyclic: bool = False) -> Iterator | None:
@@ -191,7 +192,7 @@ def build_loader(dataset, consumed_samples: int, args: argparse.Namespace, cycli
         # Its own generator: creating an iterator must not draw from the global RNG,
         # which (on cpu) is also the dropout RNG a resumed run restores.
         generator=torch.Generator().manual_seed(args.seed),
-        worker_init_fn=_ignore_sigterm if args.exit_signal_handler else None,
+        worker_init_fn=functools.partial(_ignore_exit_signal, args.exit_signal) if args.exit_signal_handler else None,
     )
     iterator: Iterator = iter(loader)
     if args.data_loader_delay_ms:

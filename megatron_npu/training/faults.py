@@ -7,13 +7,13 @@ traceback and no iteration unless Megatron-LM's loop drives it). This project's
 pretrain_gpt.py, like a script written for an older Megatron-LM, has no such check, so the
 trainer wraps whatever loss function the forward step returns and stops with one line
 naming the iteration and rank. megatron-core's DDP checks the gradients itself
-(``ddp_config.check_for_nan_in_grad``).
+(``ddp_config.check_for_nan_in_grad``); its error is said again as one line (non_finite_grad).
 
 ``MEGATRON_NPU_INJECT_FAULT=KIND@ITERATION[:RANK,...]`` is a test seam: the trainer calls
 ``fire()`` at the start of each iteration and ``fire_in_save()`` between writing a
 checkpoint and publishing it, and the named ranks (all when none are named) then
 ``kill`` themselves with SIGKILL, ``raise`` an exception, poison a parameter with ``nan``,
-``hang`` (sleep, as a rank stuck on its device) or ``pause-save`` (sleep inside the save, so
+poison a parameter's gradient with ``nan-grad`` (from that iteration on), ``hang`` (sleep, as a rank stuck on its device) or ``pause-save`` (sleep inside the save, so
 a test can kill the job mid-save).
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -32,12 +33,40 @@ import torch
 import torch.distributed as dist
 
 INJECT_ENV = "MEGATRON_NPU_INJECT_FAULT"
-KINDS = ("kill", "raise", "nan", "hang", "pause-save")
+KINDS = ("kill", "raise", "nan", "nan-grad", "hang", "pause-save")
 PAUSE_S = 600.0
 
 
-class NonFiniteLoss(Exception):
+class NonFiniteValue(Exception):
+    """A NaN or Inf that stops training; the rank that found it is the failure's origin."""
+
+
+class NonFiniteLoss(NonFiniteValue):
     """A micro-batch's loss is NaN or Inf on this rank (the rank that computes the loss)."""
+
+
+class NonFiniteGrad(NonFiniteValue):
+    """A gradient is NaN or Inf on this rank before the data-parallel reduction."""
+
+
+# megatron-core 0.16's DDP gradient check (param_and_grad_buffer.check_grads) raises a bare
+# RuntimeError through its rerun state machine, whose iteration this loop does not drive (it
+# says 0): recognised by its message and said again as one line with the real iteration.
+_MCORE_GRAD_CHECK = re.compile(r"found (NaN|Inf) in local grad norm for bucket #(\d+)")
+
+
+def non_finite_grad(error: BaseException, iteration: int) -> NonFiniteGrad | None:
+    """The NonFiniteGrad that megatron-core's gradient check ``error`` reports, else None."""
+    found = _MCORE_GRAD_CHECK.search(str(error)) if isinstance(error, RuntimeError) else None
+    if found is None:
+        return None
+    value, bucket = found.group(1).lower(), found.group(2)
+    return NonFiniteGrad(
+        f"iteration {iteration}: a gradient is {value} on rank {dist.get_rank()} (bucket #{bucket}) before the "
+        "data-parallel reduction while the loss is finite; training stops (--check-for-nan-in-loss-and-grad, "
+        "on by default: lower --lr, raise --clip-grad, or use --bf16 over --fp16; resume from the last "
+        "checkpoint with --load)"
+    )
 
 
 class InjectedFault(RuntimeError):
@@ -106,6 +135,8 @@ class FaultPlan:
         if self.kind == "nan":
             with torch.no_grad():
                 next(model[0].parameters()).fill_(float("nan"))
+        if self.kind == "nan-grad":  # the loss stays finite: only the backward pass sees the NaN
+            next(model[0].parameters()).register_hook(lambda grad: torch.full_like(grad, float("nan")))
         if self.kind == "hang":
             time.sleep(PAUSE_S)
 

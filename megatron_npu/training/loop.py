@@ -50,7 +50,7 @@ from megatron_npu.training.data import (
     total_iterations,
     train_valid_test_num_samples,
 )
-from megatron_npu.training.faults import FaultPlan, NonFiniteLoss, check_forward_step
+from megatron_npu.training.faults import FaultPlan, NonFiniteValue, check_forward_step, non_finite_grad
 from megatron_npu.training.global_vars import print_rank_0, print_rank_last, set_global
 from megatron_npu.training.initialize import initialize_distributed, set_random_seed, write_run_files
 from megatron_npu.training.reporting import (
@@ -242,7 +242,13 @@ class Trainer:
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        reports = self._forward_backward(iterators, get_num_microbatches(), forward_only=False)
+        try:
+            reports = self._forward_backward(iterators, get_num_microbatches(), forward_only=False)
+        except RuntimeError as error:
+            grad_error = non_finite_grad(error, args.iteration)
+            if grad_error is None:
+                raise
+            raise grad_error from error
         timers = self.model[0].config.timers
         timers("optimizer", log_level=1).start()
         updated, grad_norm, num_zeros = self.optimizer.step()
@@ -308,7 +314,7 @@ def train(trainer: Trainer, iteration: int, train_iterators: list, valid_iterato
     train_iters = total_iterations(args)
     first_iteration = iteration
     saved = False
-    exit_signal = ExitSignal(args.exit_signal_handler).install()
+    exit_signal = ExitSignal(args.exit_signal_handler, args.exit_signal).install()
     while iteration < train_iters:
         iteration += 1
         args.iteration = iteration  # as Megatron-LM: what a failure's message names
@@ -522,7 +528,7 @@ def pretrain(
     args.iteration = 0
     try:
         return _run(args, model_provider, forward_step_func, train_valid_test_dataset_provider)
-    except NonFiniteLoss as error:  # this rank computed the loss: it is the origin
+    except NonFiniteValue as error:  # this rank found the NaN or Inf: it is the origin
         exit_now(report_run_error(str(error)))
     except Exception as error:
         stage = f"at iteration {args.iteration}" if args.iteration else "before training"

@@ -24,19 +24,35 @@ def saved_optimizer_count(common_optimizer: Any) -> int:
 def adapt_optimizer_state(loaded: Any, optimizer: Any, saved_count: int) -> Any:
     """``loaded`` (dist_checkpointing's result for ``optimizer``) in the current optimizer's structure
     when the checkpoint was saved by a different number of optimizers: each sub-optimizer gets its own
-    current param_groups and the saved common step (every parameter's Adam step is the same)."""
+    current param_groups and the saved common step (every parameter's Adam step is the same).
+
+    dist_checkpointing returns the saved structure for common (non-tensor) entries and the current one
+    for the tensors: each part keeps its tensors and takes the other common entries from a saved part.
+    The step is ``state.common_step`` for torch's optimizer and each param group's ``step`` for
+    megatron-core's DistributedOptimizer, whose groups sit under ``optimizer``."""
     chained = getattr(optimizer, "chained_optimizers", [optimizer])
     if saved_count == len(chained):
         return loaded
     saved_parts = [loaded[i] for i in range(saved_count)] if saved_count > 1 else [loaded]
-    common_step = next((p["state"]["common_step"] for p in saved_parts if "common_step" in p.get("state", {})), None)
     current_parts = [loaded] if len(chained) == 1 else [loaded[i] for i in range(len(chained))]
+    common = {k: v for k, v in saved_parts[0].items() if not isinstance(k, int) and k not in _PER_OPTIMIZER}
     adapted = []
     for sub, part in zip(chained, current_parts, strict=True):
-        part = {key: value for key, value in part.items() if not isinstance(key, int)}
-        part["state"] = dict(part.get("state", {}))
-        if common_step is not None:
-            part["state"]["common_step"] = common_step
-        part["param_groups"] = sub.state_dict()["param_groups"]
+        part = common | {key: value for key, value in part.items() if not isinstance(key, int)}
+        own = sub.state_dict()
+        if "optimizer" in own:  # DistributedOptimizer: param groups without params, the step in each
+            step = next(g["step"] for p in saved_parts for g in p["optimizer"]["param_groups"] if "step" in g)
+            groups = [group | {"step": step} for group in own["optimizer"]["param_groups"]]
+            part["optimizer"] = own["optimizer"] | {"param_groups": groups}
+        else:
+            step = next((p["state"]["common_step"] for p in saved_parts if "common_step" in p.get("state", {})), None)
+            part["state"] = dict(part.get("state", {}))
+            if step is not None:
+                part["state"]["common_step"] = step
+            part["param_groups"] = own["param_groups"]
         adapted.append(part)
     return adapted[0] if len(chained) == 1 else dict(enumerate(adapted))
+
+
+# entries each optimizer has of its own (its groups, its tensors), never copied from another one
+_PER_OPTIMIZER = ("optimizer", "param_groups", "state", "param_state")

@@ -17,6 +17,7 @@ from ..layout.model_shape import ModelShape
 from ..layout.parallel_dims import TRAINER_FLAGS, LayoutError, ParallelDims
 from ..policy import TOKENIZER_TYPES, ConfigError
 from .data_checks import check_indexed_dataset
+from .moe_args import check_moe_args
 
 T = TypeVar("T")
 
@@ -225,8 +226,7 @@ def _derive_moe(args: argparse.Namespace, warn: list[str]) -> None:
         raise ConfigError(
             "--num-experts needs --disable-bias-linear: megatron-core 0.16.1's experts cannot train with biases"
         )
-    if args.moe_pad_expert_input_to_capacity and args.moe_expert_capacity_factor is None:
-        raise ConfigError("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor")
+    check_moe_args(args)
 
 
 def _check_recompute(args: argparse.Namespace) -> None:
