@@ -212,21 +212,6 @@ def test_spec_provider_selects_fused_attention_only_for_use_flash_attn_on_a_devi
         assert layer.self_attention.submodules.q_layernorm is SequenceParallelTorchNorm
 
 
-@pytest.fixture(scope="module")
-def model_parallel():
-    """megatron's modules read their TP size from parallel_state: a 1-rank gloo world here."""
-    import torch.distributed as dist
-    from distributed import free_port
-    from megatron.core import parallel_state, tensor_parallel
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    yield
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
-
-
 def test_flash_attention_twin_equals_megatron_dot_product_attention_with_gqa(model_parallel):
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.enums import AttnMaskType

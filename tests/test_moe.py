@@ -339,21 +339,6 @@ def test_perf_report_shows_the_expert_all_to_all_next_to_the_plan(ep2):
 
 
 # ---- --moe-grouped-gemm: the grouped experts against megatron-core's sequential ones (no launch) ---------
-@pytest.fixture(scope="module")
-def model_parallel():
-    """megatron's expert modules read their groups from parallel_state: a 1-rank gloo world here."""
-    import torch.distributed as dist
-    from distributed import free_port
-    from megatron.core import parallel_state, tensor_parallel
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    yield
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("activation", ["gelu", "swiglu", "device_swiglu"])
 def test_grouped_experts_equal_megatron_cores_sequential_experts_forward_and_backward(model_parallel, activation):
     import torch

@@ -16,8 +16,12 @@ Upstream facts these tests pin down:
 - a document whose text encodes to nothing is written as a document with no sequence;
 - with several --json-keys, Megatron-LM finalizes only the last key's ``.idx`` (the others'
   ``.bin`` is complete): those ``.bin`` files and the last ``.idx`` are what is compared.
-- megatron-core's GPT2BPETokenizer resolves "gpt2" on the HuggingFace hub whatever
-  --vocab-file says: offline only --legacy-tokenizer builds it (this project says so).
+- megatron-core's GPT2BPETokenizer is ``AutoTokenizer.from_pretrained("gpt2",
+  vocab_file=<--vocab-file>, merge_files=<--vocab-file again>)``: "gpt2" resolves on the
+  HuggingFace hub, the vocabulary is --vocab-file's, the merges are the hub's merges.txt
+  (--merge-file is never read). With HF_HUB_OFFLINE=1 it builds from a hub cache that holds
+  "gpt2": the tests write one (snapshot + refs/main) from their own vocab.json/merges.txt and
+  give it to both tools; with no "gpt2" cached this project refuses, naming --legacy-tokenizer.
 - --split-sentences with one partition: the first run only writes the sentences to
   ``<input>_ss.jsonl`` and exits; a second run encodes that file into ``_sentence`` files.
   The splitter is ``nltk.load("nltk:tokenizers/punkt/<lang>.pickle")`` (NLTK_DATA unset),
@@ -36,7 +40,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from distributed import ROOT, base_env, run
+from distributed import ROOT, base_env, run, running
 from packaging.version import Version
 from test_data_tokenizers import gpt2_files, hf_dir  # noqa: F401  (fixtures: tiny local tokenizer files)
 from test_upstream_megatron_lm import TARBALL, TARBALL_ENVVAR, env_for, megatron_lm  # noqa: F401  (fixture)
@@ -72,6 +76,7 @@ for argv, status in json.load(open(sys.argv[1])):
     print("NLTK", "nltk" in sys.modules, argv[argv.index("--output-prefix") + 1])
 """
 OFFLINE = {"HF_HUB_OFFLINE": "1"}  # nothing here may reach for the HuggingFace hub
+GPT2_REVISION = "0123456789abcdef0123456789abcdef01234567"  # any commit id: refs/main names it
 
 EDGE_DOCS = [
     {"text": "", "title": "An empty body"},
@@ -123,7 +128,15 @@ def corpora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (d / name).mkdir()
         split[name] = d / name / "text.jsonl"
         split[name].write_text("".join(ln for ln in lines if isinstance(json.loads(ln)["text"], str)), encoding="utf-8")
-    return {"text": text, "ids": ids, **{name: d / name / "[ab].jsonl" for name in shards}, **split}
+    no_merges = d / "no-merges.txt"  # a GPT-2 merges file with no merge rule
+    no_merges.write_text("#version: 0.2\n")
+    return {
+        "text": text,
+        "ids": ids,
+        "no-merges": no_merges,
+        **{name: d / name / "[ab].jsonl" for name in shards},
+        **split,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +160,29 @@ def punkt_home(corpora: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     finally:
         nltk.data.path.remove(str(data))
     return home
+
+
+@pytest.fixture(scope="module")
+def hf_home(gpt2_files: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    """An HF_HOME whose hub cache holds "gpt2" as a download leaves it (the hub repo's
+    config.json names the model type AutoTokenizer picks the GPT-2 tokenizer class by), its
+    vocab.json and merges.txt the test's own tiny ones."""
+    home = tmp_path_factory.mktemp("hf_home")
+    repo = home / "hub" / "models--gpt2"
+    snapshot = repo / "snapshots" / GPT2_REVISION
+    snapshot.mkdir(parents=True)
+    vocab, merges = gpt2_files
+    (snapshot / "vocab.json").write_bytes(Path(vocab).read_bytes())
+    (snapshot / "merges.txt").write_bytes(Path(merges).read_bytes())
+    (snapshot / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(GPT2_REVISION)
+    return home
+
+
+def hub_env(env: dict[str, str], home: Path) -> dict[str, str]:
+    """``env`` offline with ``home`` as HF_HOME; HF_HUB_CACHE too, which would otherwise win."""
+    return {**env, **OFFLINE, "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub")}
 
 
 def nltk_env(env: dict[str, str], home: Path | None) -> dict[str, str]:
@@ -194,11 +230,14 @@ def configurations(corpora: dict[str, Path], gpt2: tuple[str, str], hf: str, spl
         "--tokenizer-hf-include-special-tokens",
     ]
     vocab, merges = gpt2
-    configs["GPT2BPETokenizer-legacy"] = [
-        *text,
-        *["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges, "--append-eod"],
-        *[*both_keys, "--legacy-tokenizer"],
-    ]
+    for legacy in ([], ["--legacy-tokenizer"]):
+        configs[f"GPT2BPETokenizer-{'legacy' if legacy else 'core'}"] = [
+            *text,
+            *["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges, "--append-eod"],
+            *[*both_keys, *legacy],
+        ]
+    no_merges = [*text, "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--append-eod"]
+    configs["GPT2BPETokenizer-core-no-merges-file"] = [*no_merges, "--merge-file", str(corpora["no-merges"])]
     if split:
         # byte-level BPE keeps whitespace, so --keep-newlines shows in the ids (SentencePiece
         # normalises the newlines away)
@@ -221,64 +260,70 @@ def compared_files(prefix: Path, flags: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def outputs(megatron_lm: Path, corpora, gpt2_files, hf_dir, punkt_home, tmp_path_factory) -> dict:  # noqa: F811
+def outputs(megatron_lm: Path, corpora, gpt2_files, hf_dir, punkt_home, hf_home, tmp_path_factory) -> dict:  # noqa: F811
     """Both tools over every configuration: {name: (flags, upstream dir, our dir)}."""
     configs = configurations(corpora, gpt2_files, hf_dir, split=punkt_home is not None)
     up, ours = tmp_path_factory.mktemp("upstream"), tmp_path_factory.mktemp("ours")
-    up_argv = [[*flags, "--output-prefix", str(up / name)] for name, flags in configs.items()]
-    # as a user would: --split-sentences is run a second time to encode what the first split
-    up_argv += [argv for argv in up_argv if "--split-sentences" in argv]
-    (up / "configs.json").write_text(json.dumps(up_argv))
-    job = run(
-        [
-            sys.executable,
-            "-c",
-            UPSTREAM_DRIVER,
-            str(megatron_lm / "tools" / "preprocess_data.py"),
-            str(up / "configs.json"),
-        ],
-        env=nltk_env({**env_for(megatron_lm), **OFFLINE}, punkt_home),
-        timeout=600,
-    )
-    assert job.returncode == 0, job.stderr[-3000:]
-    wrote = [(Path(prefix).name, int(n)) for n, prefix in re.findall(r"^WROTE (\d+) (.*)$", job.stdout, re.M)]
-    # this project's script itself for the first configuration, the others in one process
-    first, *rest = configs
-    script = run(
-        [
-            *[sys.executable, "-X", "importtime"],  # the script starts without torch
-            str(ROOT / "scripts" / "preprocess_data.py"),
-            *configs[first],
-            "--output-prefix",
-            str(ours / first),
-        ]
-    )
-    assert script.returncode == 0, script.stderr[-3000:]
-    assert not re.search(r"\| torch$", script.stderr, re.M), "scripts/preprocess_data.py imported torch"
-    our_argv = [([*configs[name], "--output-prefix", str(ours / name)], 0) for name in rest]
-    # megatron-core's GPT-2 BPE without the hub: refused in one line naming --legacy-tokenizer
-    gpt2_core = [f for f in configs["GPT2BPETokenizer-legacy"] if f != "--legacy-tokenizer"]
-    our_argv.append(([*gpt2_core, "--output-prefix", str(ours / "gpt2-core")], 2))
-    (ours / "configs.json").write_text(json.dumps(our_argv))
-    job = run(
-        [sys.executable, "-c", OURS_DRIVER, str(ours / "configs.json")],
-        env=nltk_env(base_env(**OFFLINE), punkt_home),
-    )
-    assert job.returncode == 0, job.stderr[-3000:]
-    # nltk (a second of imports) only for --split-sentences
-    nltk_after = {
-        Path(prefix).name: flag == "True" for flag, prefix in re.findall(r"^NLTK (\w+) (.*)$", job.stdout, re.M)
-    }
-    imported_nltk = {name for name, imported in nltk_after.items() if imported and name in configs}
-    assert imported_nltk == {name for name in configs if "split" in name}
-    # SentencePiece, HuggingFace (tokenizer.json read by the tokenizers library) and null
-    # tokenizers encode without torch: neither megatron-core nor transformers is imported
-    rows = [line.split()[1:] for line in job.stdout.splitlines() if line.startswith("TORCH ")]
-    torch_after = {Path(prefix).name: flag == "True" for flag, prefix in rows}
-    for name in ("GPTSentencePieceTokenizer-core", "Llama2Tokenizer-core", "HuggingFaceTokenizer-core"):
-        assert not torch_after[name], f"{name} imported torch"
-    assert "GPT2BPETokenizer" in job.stderr and "--legacy-tokenizer" in job.stderr, job.stderr[-3000:]
-    assert not list(ours.glob("gpt2-core*"))
+    # megatron-core's GPT-2 BPE offline with no "gpt2" cached: refused in one line naming
+    # --legacy-tokenizer (its own process, for its own hub cache: alongside the others)
+    refused = [([*configs["GPT2BPETokenizer-core"], "--output-prefix", str(ours / "gpt2-refused")], 2)]
+    (ours / "refused.json").write_text(json.dumps(refused))
+    no_gpt2 = hub_env(base_env(), tmp_path_factory.mktemp("hf_home_without_gpt2"))
+    driver = [sys.executable, "-c", OURS_DRIVER, str(ours / "refused.json")]
+    with running(driver, env=no_gpt2, timeout_s=600) as refusal:
+        up_argv = [[*flags, "--output-prefix", str(up / name)] for name, flags in configs.items()]
+        # as a user would: --split-sentences is run a second time to encode what the first split
+        up_argv += [argv for argv in up_argv if "--split-sentences" in argv]
+        (up / "configs.json").write_text(json.dumps(up_argv))
+        job = run(
+            [
+                sys.executable,
+                "-c",
+                UPSTREAM_DRIVER,
+                str(megatron_lm / "tools" / "preprocess_data.py"),
+                str(up / "configs.json"),
+            ],
+            env=nltk_env(hub_env(env_for(megatron_lm), hf_home), punkt_home),
+            timeout=600,
+        )
+        assert job.returncode == 0, job.stderr[-3000:]
+        wrote = [(Path(prefix).name, int(n)) for n, prefix in re.findall(r"^WROTE (\d+) (.*)$", job.stdout, re.M)]
+        # this project's script itself for the first configuration, the others in one process
+        first, *rest = configs
+        script = run(
+            [
+                *[sys.executable, "-X", "importtime"],  # the script starts without torch
+                str(ROOT / "scripts" / "preprocess_data.py"),
+                *configs[first],
+                "--output-prefix",
+                str(ours / first),
+            ]
+        )
+        assert script.returncode == 0, script.stderr[-3000:]
+        assert not re.search(r"\| torch$", script.stderr, re.M), "scripts/preprocess_data.py imported torch"
+        our_argv = [([*configs[name], "--output-prefix", str(ours / name)], 0) for name in rest]
+        (ours / "configs.json").write_text(json.dumps(our_argv))
+        job = run(
+            [sys.executable, "-c", OURS_DRIVER, str(ours / "configs.json")],
+            env=nltk_env(hub_env(base_env(), hf_home), punkt_home),
+        )
+        assert job.returncode == 0, job.stderr[-3000:]
+        # nltk (a second of imports) only for --split-sentences
+        nltk_after = {
+            Path(prefix).name: flag == "True" for flag, prefix in re.findall(r"^NLTK (\w+) (.*)$", job.stdout, re.M)
+        }
+        imported_nltk = {name for name, imported in nltk_after.items() if imported and name in configs}
+        assert imported_nltk == {name for name in configs if "split" in name}
+        # SentencePiece, HuggingFace (tokenizer.json read by the tokenizers library) and null
+        # tokenizers encode without torch: neither megatron-core nor transformers is imported
+        rows = [line.split()[1:] for line in job.stdout.splitlines() if line.startswith("TORCH ")]
+        torch_after = {Path(prefix).name: flag == "True" for flag, prefix in rows}
+        for name in ("GPTSentencePieceTokenizer-core", "Llama2Tokenizer-core", "HuggingFaceTokenizer-core"):
+            assert not torch_after[name], f"{name} imported torch"
+        assert refusal.process.wait(timeout=refusal.timeout_s) == 0, refusal.log()[-3000:]
+        refusal_log = refusal.log()
+    assert "GPT2BPETokenizer" in refusal_log and "--legacy-tokenizer" in refusal_log, refusal_log[-3000:]
+    assert not list(ours.glob("gpt2-refused*"))
     return {"wrote": wrote, **{name: (flags, up, ours) for name, flags in configs.items()}}
 
 
@@ -289,6 +334,8 @@ NAMES = [
     "SentencePieceTokenizer-core-2-partitions",
     "SentencePieceTokenizer-core-2-partitions-keep-sequential-samples",
     "HuggingFaceTokenizer-core-include-special-tokens",
+    "GPT2BPETokenizer-core",
+    "GPT2BPETokenizer-core-no-merges-file",
     "GPT2BPETokenizer-legacy",
     "HuggingFaceTokenizer-core-split-sentences",
     "HuggingFaceTokenizer-core-split-sentences-keep-newlines-2-workers",
@@ -317,6 +364,17 @@ def test_the_systems_differ_where_megatron_lm_says(outputs: dict) -> None:
         core = (up / f"{kind}-core_text_document.bin").read_bytes()
         legacy = (up / f"{kind}-legacy_text_document.bin").read_bytes()
         assert core != legacy, kind
+
+
+def test_core_gpt2_merges_come_from_the_hub_cache(outputs: dict, corpora: dict[str, Path]) -> None:
+    """megatron-core's GPT2BPETokenizer never reads --merge-file: one with no merge rule gives
+    the same ids, merged ones (byte-level ids without merges would outnumber the UTF-8 bytes)."""
+    _, up, _ = outputs["GPT2BPETokenizer-core"]
+    core = (up / "GPT2BPETokenizer-core_text_document.bin").read_bytes()
+    assert (up / "GPT2BPETokenizer-core-no-merges-file_text_document.bin").read_bytes() == core
+    docs = [json.loads(line)["text"] for line in corpora["text"].read_text(encoding="utf-8").splitlines()]
+    utf8 = sum(len("".join(t).encode()) for t in docs)  # a list value: its sentences
+    assert len(core) // 2 < utf8  # uint16 ids (a 300-symbol vocabulary)
 
 
 def test_partitions_order_documents_as_megatron_lm(outputs: dict) -> None:

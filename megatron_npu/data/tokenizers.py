@@ -336,7 +336,8 @@ def _build_core(o: TokenizerOptions) -> Any:
         t = o.tokenizer_type
         files = f"--vocab-file {o.vocab_file} --merge-file {o.merge_file}" if o.vocab_file else ""
         files = f"--tokenizer-model {o.tokenizer_model}" if o.tokenizer_model else files
-        # megatron-core's GPT-2 BPE loads "gpt2" from the HuggingFace hub whatever --vocab-file says
+        # megatron-core 0.16.1's GPT-2 BPE loads "gpt2" from the HuggingFace hub (its vocabulary from
+        # --vocab-file, its merges from the hub's gpt2: --merge-file is never read)
         hint = "; offline, --legacy-tokenizer builds it from the local files" if t == "GPT2BPETokenizer" else ""
         raise TokenizerError(
             f"{files} --tokenizer-type {t}: megatron-core's tokenizer could not be built "
