@@ -6,7 +6,7 @@ The same script runs on NPUs (hccl), GPUs (nccl) and the CPU (gloo):
     torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 \\
         --master_addr=MASTER_IP --master_port=29500 scripts/train_ddp.py
 
-It prints one line per epoch and, on rank 0, a final ``RESULT {json}`` line.
+Rank 0 prints one line per epoch and every rank a final ``RESULT {json}`` line.
 """
 
 from __future__ import annotations
@@ -83,7 +83,10 @@ def main() -> None:
         mean = total.item() / (count * dist.get_world_size())
         losses.append(mean)
         if dist.get_rank() == 0:
-            print(f"epoch {epoch} | loss {mean:.4f} | backend {dist.get_backend()} | device {device}", flush=True)
+            # one write per line: the ranks share stdout, and print() writes the text and its newline
+            # apart when Python runs unbuffered (PYTHONUNBUFFERED), so another rank's line could land between
+            line = f"epoch {epoch} | loss {mean:.4f} | backend {dist.get_backend()} | device {device}\n"
+            os.write(1, line.encode())
     checksum = sum(p.detach().double().sum().item() for p in model.parameters())
     result = {"rank": dist.get_rank(), "losses": losses, "checksum": checksum, "backend": dist.get_backend()}
     os.write(1, f"RESULT {json.dumps(result)}\n".encode())  # one write: ranks share stdout
