@@ -41,25 +41,3 @@ def _eval_pattern(node: ast.AST) -> int | list[int]:
         left, right = _eval_pattern(node.left), _eval_pattern(node.right)
         return left + right if isinstance(node.op, ast.Add) else left * right  # type: ignore[operator]
     raise ValueError("only integers, lists, + and * are allowed")
-
-
-def moe_groups(
-    tp: int, pp: int, cp: int, dp: int, expert_tp: int, ep: int, expert_dp: int
-) -> dict[str, list[list[int]]]:
-    """The process groups of megatron-core's MoE collectives beside ``ep``, by the labels the planner
-    and perf/comm.py use: ``edp`` the experts' gradient reduction, ``tp_ep`` the alltoall
-    dispatcher's token counts (expert TP x EP), ``expert_mp`` the expert optimizer's grad norm
-    (expert TP x EP x PP), ``tp_cp`` the router's load-balancing reduce (attention TP x CP).
-    The generators initialize_model_parallel builds (megatron-core's, imported here only)."""
-    from megatron.core.parallel_state import RankGenerator
-
-    from megatron_npu.layout.rankmap import ORDER
-
-    dense = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=ORDER)
-    experts = RankGenerator(tp=expert_tp, ep=ep, dp=expert_dp, pp=pp, cp=1, order=ORDER)
-    return {
-        "edp": experts.get_ranks("dp"),
-        "tp_ep": experts.get_ranks("tp-ep"),
-        "expert_mp": experts.get_ranks("tp-ep-pp"),
-        "tp_cp": dense.get_ranks("tp-cp"),
-    }

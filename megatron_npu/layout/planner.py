@@ -61,7 +61,7 @@ from dataclasses import asdict, dataclass, field
 
 from megatron_npu.accelerator.facts import PLANNING_FACTS
 from megatron_npu.layout.model_shape import ModelShape, pad_vocab_size
-from megatron_npu.layout.moe import moe_freq_type, moe_groups, moe_layer_pattern
+from megatron_npu.layout.moe import moe_freq_type, moe_layer_pattern
 from megatron_npu.layout.parallel_dims import ParallelDims
 from megatron_npu.layout.rankmap import LayoutError, RankMap, add_layout_args, build_rank_map
 
@@ -488,14 +488,9 @@ def plan(
 
     moe = bool(model.num_experts)
     local_experts = model.num_experts // dims.ep if moe else 0  # type: ignore[operator]
-    groups = layout.groups
-    if moe:
-        groups = groups | moe_groups(
-            tp, pp, cp, dp, dims.expert_tp, dims.ep, dims.world_size // (dims.expert_tp * dims.ep * pp)
-        )
 
     def group(name: str, rank: int) -> list[int]:
-        return next(g for g in groups[name] if rank in g)
+        return next(g for g in layout.groups[name] if rank in g)
 
     out = []
     for e in layout.ranks:
@@ -662,7 +657,7 @@ def _plan_moe(
                 layout.spans_nodes(g),
             )
     # the experts' DDP buffer (EP > 1), padded as the distributed optimizer pads it
-    edpg, edp = group("edp", rank), dims.world_size // (dims.expert_tp * dims.ep * dims.pp)
+    edpg, edp = group("edp", rank), dims.expert_dp
     for c, ch in enumerate(expert_chunks):
         bsize = bucket_size if (par.overlap_grad_reduce and layout.ranks[rank].pp_rank == 0 and c == 0) else None
         for b in _buckets(ch, edp, par.use_distributed_optimizer, bsize, set()) if ch else []:

@@ -71,6 +71,26 @@ class RankMap:
         }
 
 
+def expert_groups(dims: ParallelDims) -> dict[str, list[list[int]]]:
+    """The groups of megatron-core's expert grid (MoE parallel folding) and of the MoE collectives,
+    from the generators initialize_model_parallel builds: ``ep`` the token all-to-all, ``edp`` the
+    expert parameters' gradient reduction, ``tp_ep`` the alltoall dispatcher's token counts (expert
+    TP x EP), ``expert_mp`` the expert optimizer's grad norm (expert TP x EP x PP), ``tp_cp`` the
+    router's load-balancing reduce (attention TP x CP). EP sits next to expert TP in the order, so
+    an EP group is ETP x EP contiguous ranks and stays inside a node whenever that divides the node."""
+    from megatron.core.parallel_state import RankGenerator
+
+    dense = RankGenerator(tp=dims.tp, ep=1, dp=dims.dp, pp=dims.pp, cp=dims.cp, order=ORDER)
+    experts = RankGenerator(tp=dims.expert_tp, ep=dims.ep, dp=dims.expert_dp, pp=dims.pp, cp=1, order=ORDER)
+    return {
+        "ep": experts.get_ranks("ep"),
+        "edp": experts.get_ranks("dp"),
+        "tp_ep": experts.get_ranks("tp-ep"),
+        "expert_mp": experts.get_ranks("tp-ep-pp"),
+        "tp_cp": dense.get_ranks("tp-cp"),
+    }
+
+
 def build_rank_map(
     world_size: int | None = None,
     tp: int = 1,
@@ -110,11 +130,7 @@ def build_rank_map(
     groups["mp"] = gen.get_ranks("tp-pp")  # model-parallel group (grad-norm all-reduce)
     groups["dp_cp"] = gen.get_ranks("dp-cp")  # DDP's gradient-reduction group
     groups["embd"] = [default_embedding_ranks(g) for g in groups["pp"]]
-    # the experts' own grid (MoE parallel folding): EP sits next to expert TP in the order, so an EP
-    # group is ETP x EP contiguous ranks and stays inside a node whenever that divides the node
-    egen = RankGenerator(tp=dims.expert_tp, ep=ep, dp=dims.expert_dp, pp=pp, cp=1, order=ORDER)
-    groups["ep"] = egen.get_ranks("ep")
-    groups["edp"] = egen.get_ranks("dp")  # the expert parameters' gradient reduction
+    groups.update(expert_groups(dims))
 
     def index_in(name: str, rank: int) -> int:
         for group in groups[name]:

@@ -32,10 +32,7 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from megatron_npu.layout.parallel_dims import ParallelDims
+from typing import Any
 
 # ---- thresholds (fractions of the mean iteration time unless said otherwise) -----------------------
 # Exposed communication beyond a quarter of the step: scaling is bandwidth-bound; well-tuned
@@ -115,16 +112,6 @@ PLAN_DIMENSIONS = {
     "tp_cp": "MoE aux loss (TP x CP)",
 }
 HIGH_FREQUENCY = ("tp", "dp_cp")
-
-
-def _expert_groups(dims: ParallelDims) -> list[list[int]]:
-    """The EP groups megatron-core builds (layout.json records the attention grid only)."""
-    from megatron.core.parallel_state import RankGenerator
-
-    from megatron_npu.layout.rankmap import ORDER
-
-    grid = RankGenerator(tp=dims.expert_tp, ep=dims.ep, dp=dims.expert_dp, pp=dims.pp, cp=1, order=ORDER)
-    return grid.get_ranks("ep")
 
 
 class ReportError(Exception):
@@ -260,7 +247,7 @@ def _planner(run: Run, intra: float, inter: float) -> tuple[Any, str | None]:
     from megatron_npu.layout.model_shape import ModelShape
     from megatron_npu.layout.parallel_dims import LayoutError, ParallelDims
     from megatron_npu.layout.planner import ModelSpec, ParallelSpec, plan
-    from megatron_npu.layout.rankmap import RankEntry, RankMap
+    from megatron_npu.layout.rankmap import RankEntry, RankMap, expert_groups
 
     a, lay = run.args, run.layout
     try:
@@ -270,7 +257,6 @@ def _planner(run: Run, intra: float, inter: float) -> tuple[Any, str | None]:
     except (KeyError, TypeError) as exc:
         return None, f"layout.json lacks {exc}"
     world = int(lay.get("world_size", len(entries)))
-    groups["ep"] = [[r] for r in range(world)]
 
     class ObservedRankMap(RankMap):
         # the planner asks node_of(); torchrun's GROUP_RANK in layout.json is the truth
@@ -296,8 +282,7 @@ def _planner(run: Run, intra: float, inter: float) -> tuple[Any, str | None]:
     try:
         # the run's own layout and shape objects, from its args.json (no placement rule: the run ran)
         dims = ParallelDims.from_args(a, world)
-        if dims.ep > 1:
-            groups["ep"] = _expert_groups(dims)
+        groups.update(expert_groups(dims))  # layout.json records the attention grid only
         rmap = ObservedRankMap(
             world,
             len(per_node),
