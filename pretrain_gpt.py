@@ -18,6 +18,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.enums import ModelType
 from megatron.core.models.gpt import GPTModel
+from megatron.core.utils import get_batch_on_this_cp_rank
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.spec import gpt_layer_spec
@@ -62,6 +63,18 @@ def get_batch(data_iterator):
     loss_mask = batch["loss_mask"].to(device, non_blocking=True)
     position_ids = batch["position_ids"].to(device, non_blocking=True)
     attention_mask = batch["attention_mask"].to(device, non_blocking=True) if "attention_mask" in batch else None
+    # context parallel: this rank's 2 of the sequence's 2 x CP chunks (megatron-core's load-balanced order)
+    local = get_batch_on_this_cp_rank(
+        {
+            "tokens": tokens,
+            "labels": labels,
+            "loss_mask": loss_mask,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+        }
+    )
+    tokens, labels, loss_mask = local["tokens"], local["labels"], local["loss_mask"]
+    attention_mask, position_ids = local["attention_mask"], local["position_ids"]
     if not parallel_state.is_pipeline_first_stage():
         tokens = position_ids = None  # a last-stage chunk needs labels and the mask only
     return tokens, labels, loss_mask, attention_mask, position_ids

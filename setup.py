@@ -24,6 +24,7 @@ setup(
     install_requires=[
         "torch>=2.4",
         f"megatron-core{MEGATRON_CORE_RANGE}",
+        "einops",  # megatron-core's Megatron-FSDP builds its device mesh with it (--use-megatron-fsdp)
         "numpy",
         "packaging",
         "psutil",
@@ -35,7 +36,17 @@ setup(
         "npu": ["torch_npu"],
         "wandb": ["wandb"],
         "convert": ["safetensors", "transformers"],  # megatron-npu convert (Hugging Face checkpoints)
-        "test": ["pytest>=7", "ruff", "matplotlib", "tensorboard", "wandb", "safetensors", "transformers", "nltk>=3.9"],
+        "test": [
+            "pytest>=7",
+            "pytest-mock",
+            "ruff",
+            "matplotlib",
+            "tensorboard",
+            "wandb",
+            "safetensors",
+            "transformers",
+            "nltk>=3.9",
+        ],
     },
     entry_points={"console_scripts": ["megatron-npu=megatron_npu.cli:main"]},
 )

@@ -15,8 +15,9 @@ import sys
 from typing import Any
 
 from .accelerator import DEVICE_ENVVAR, get_accelerator
+from .accelerator.facts import TESTED_TORCH_NPU
 from .policy import env_policy
-from .registry import REGISTRY
+from .registry import REGISTRY, Patch
 from .version import TESTED_MEGATRON_CORE, __version__, installed_megatron_core
 
 
@@ -40,7 +41,6 @@ def foreign_environment(environ: dict[str, str] | None = None) -> list[dict[str,
 
 def collect() -> dict[str, Any]:
     """The doctor's findings as a JSON-ready dict."""
-    import megatron_npu
 
     accelerator = get_accelerator()
     warnings: list[str] = []
@@ -52,6 +52,7 @@ def collect() -> dict[str, Any]:
         "megatron_npu": __version__,
         "torch": _version("torch"),
         "torch_npu": _version("torch_npu"),
+        "torch_npu_tested": TESTED_TORCH_NPU,
         "megatron_core": megatron,
         "megatron_core_tested": str(TESTED_MEGATRON_CORE),
         **accelerator.versions(),
@@ -67,8 +68,7 @@ def collect() -> dict[str, Any]:
                 warnings.append(f"{row['name']} has no effect on {accelerator.name}{to} ({row['reason']})")
     from . import patches as patch_set  # noqa: F401  (registers the patch set)
 
-    applied = {patch.name for patch in megatron_npu.applied_patches()}
-    pending = {patch.name for patch in REGISTRY.pending()}
+    resolve_targets()
     patch_rows = [
         {
             "name": patch.name,
@@ -77,7 +77,7 @@ def collect() -> dict[str, Any]:
             "reason": patch.reason,
             "megatron_core": patch.megatron_versions,
             "requires": patch.requires,
-            "state": "applied" if patch.name in applied else "pending" if patch.name in pending else "inactive",
+            "state": patch_state(patch),
             "aliases_replaced": REGISTRY.alias_count(patch.name),
         }
         for patch in REGISTRY.patches
@@ -95,8 +95,43 @@ def collect() -> dict[str, Any]:
         "versions": versions,
         "patches": patch_rows,
         "megatron_lm": megatron_lm,
+        "patches_for_release": REGISTRY.release,
+        "errors": list(REGISTRY.missing().values()),
         "warnings": warnings,
     }
+
+
+#: States of a patch in the report. applied: in place; pending: its module is not imported in this process
+#: (megatron/training without a checkout on the path); missing: its target does not exist in a release the
+#: patch claims (an error: exit 1); other-release: verified for other megatron-core releases, not applied;
+#: inactive: the target (accelerator) does not need it.
+STATES = ("applied", "pending", "missing", "other-release", "inactive")
+
+
+def patch_state(patch: Patch) -> str:
+    if not REGISTRY.active or not patch.applies_to(get_accelerator()):
+        return "inactive"
+    if patch in REGISTRY.other_release():
+        return "other-release"
+    if patch.name in REGISTRY.missing():
+        return "missing"
+    return "applied" if patch in REGISTRY.applied() else "pending"
+
+
+def resolve_targets() -> None:
+    """Look every pending target up now: megatron-core's and torch's modules are imported (the doctor reports on
+    megatron-core), megatron/training's when a checkout of a verified tag is importable."""
+    from .version import UnsupportedMegatronVersion, check_megatron_lm
+
+    if not REGISTRY.active:
+        return
+    prefixes: tuple[str, ...] = ("megatron.core", "torch")
+    try:
+        check_megatron_lm()
+        prefixes += ("megatron.training",)
+    except UnsupportedMegatronVersion:
+        pass  # no checkout, or another release: megatron_lm_report says which
+    REGISTRY.resolve(prefixes)
 
 
 def megatron_lm_report(patch_rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -107,6 +142,7 @@ def megatron_lm_report(patch_rows: list[dict[str, Any]]) -> dict[str, Any]:
         UnsupportedMegatronVersion,
         check_megatron_lm,
         installed_megatron_lm,
+        megatron_lm_tag,
     )
 
     found = installed_megatron_lm()  # read from files: megatron.training is not imported
@@ -116,7 +152,7 @@ def megatron_lm_report(patch_rows: list[dict[str, Any]]) -> dict[str, Any]:
         "version": found[0] if found else None,
         "version_source": found[1] if found else None,
         "path": found[2] if found else None,
-        "tested_release": TESTED_MEGATRON_LM,
+        "tested_release": megatron_lm_tag() or TESTED_MEGATRON_LM,
         "tested": None,  # True / False once a training stack is found
         "tested_range": TESTED_MEGATRON_LM_RANGE,
         "megatron_core": installed_megatron_core(),
@@ -161,22 +197,32 @@ def render(report: dict[str, Any], patches_only: bool = False) -> str:
             )
         else:
             lines.append("megatron-lm: no megatron/training importable (this project's pretrain_gpt.py needs none)")
+    lines += render_patches(report)
+    lines += [f"warning  : {warning}" for warning in report["warnings"]]
+    lines += [f"error    : {error}" for error in report["errors"]]
+    return "\n".join(lines)
+
+
+def render_patches(report: dict[str, Any]) -> list[str]:
+    """The patches for the installed megatron-core, then the ones verified only for other releases."""
     rows = report["patches"]
     by_subsystem: dict[str, int] = {}
     for row in rows:
-        if row["state"] != "inactive":
+        if row["state"] in ("applied", "pending", "missing"):
             by_subsystem[row["subsystem"]] = by_subsystem.get(row["subsystem"], 0) + 1
-    active = sum(by_subsystem.values())
-    lines.append(
-        f"patches  : {active} active of {len(rows)} ({', '.join(f'{k} {v}' for k, v in by_subsystem.items())})"
-    )
+    release = report.get("patches_for_release") or report["versions"].get("megatron_core")
+    lines = [
+        f"patches  : {sum(by_subsystem.values())} for megatron-core {release} of {len(rows)} "
+        f"({', '.join(f'{k} {v}' for k, v in by_subsystem.items())})"
+    ]
     for row in rows:
-        if row["state"] == "inactive":
-            continue
-        aliases = f" (+{row['aliases_replaced']} aliases)" if row["aliases_replaced"] else ""
-        lines.append(f"  [{row['state']:7}] {row['target']}{aliases}\n            {row['reason']}")
-    lines += [f"warning  : {warning}" for warning in report["warnings"]]
-    return "\n".join(lines)
+        if row["state"] in ("applied", "pending", "missing"):
+            aliases = f" (+{row['aliases_replaced']} aliases)" if row["aliases_replaced"] else ""
+            lines.append(f"  [{row['state']:7}] {row['target']}{aliases}\n            {row['reason']}")
+    others = [f"{row['name']} ({row['megatron_core']})" for row in rows if row["state"] == "other-release"]
+    if others:
+        lines.append(f"  not for megatron-core {release}: {', '.join(others)}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,4 +236,4 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("\n")
     else:
         print(render(report, patches_only=args.patches))
-    return 0
+    return 1 if report["errors"] else 0  # a patch whose target is missing in a release it claims

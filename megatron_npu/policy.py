@@ -34,11 +34,38 @@ Outcome = Literal["refused", "ignored", "mapped"]
 #: "trainer": this project's trainer does not have it (Megatron-LM's own may).
 Scope = Literal["device", "trainer"]
 MigrateAction = Literal["drop", "ask", "rewrite", "note", ""]
-EnvAction = Literal["rename", "convert", "comment", "keep", "add"]
+EnvAction = Literal["rename", "convert", "comment", "keep"]
 
 
 class ConfigError(ValueError):
     """A bad configuration; the message names the flags to change."""
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """How pretrain_gpt.py's parser takes an ignored flag that nothing else reads: Megatron-LM
+    core_v0.16.1's action, type and default (training/arguments.py adds one argument per row)."""
+
+    action: Literal["store_true", "store_false", "store"]
+    type: type | None = None
+    default: Any = None
+    nargs: str | None = None
+
+    def argparse_kwargs(self) -> dict[str, Any]:
+        if self.action != "store":
+            return {"action": self.action}
+        kwargs: dict[str, Any] = {"type": self.type, "default": self.default}
+        if self.nargs is not None:
+            kwargs.update(nargs=self.nargs, default=list(self.default or ()))
+        return kwargs
+
+
+_TRUE = Accepted("store_true")
+_FALSE = Accepted("store_false")
+
+
+def _takes(kind: type, default: Any = None, nargs: str | None = None) -> Accepted:
+    return Accepted("store", kind, default, nargs)
 
 
 @dataclass(frozen=True)
@@ -58,6 +85,8 @@ class FlagPolicy:
     rewrite: str = ""  # migrate="rewrite": "old=new"
     takes_value: bool = False  # migrate drops the flag's value with it
     scope: Scope = "trainer"
+    #: ignored: how the trainer's parser accepts the flag, where no other argument defines it
+    accepted: Accepted | None = None
 
     @property
     def is_pattern(self) -> bool:
@@ -82,7 +111,6 @@ class EnvPolicy:
     convert  renamed and its value converted (NCCL_BUFFSIZE bytes -> HCCL_BUFFSIZE MB)
     comment  no counterpart: migrate comments the assignment out
     keep     kept unchanged; the reason says what it does on Ascend
-    add      an Ascend setting (``to`` is its default) a launch script should set
     """
 
     name: str  # migrate's rule name
@@ -117,7 +145,6 @@ _CUDA_GRAPH = "CUDA graphs are CUDA-only"
 _TP_OVERLAP = f"TP communication/GEMM overlap uses TE userbuffers ({_TE})"
 _MOE = "this MoE option is not supported by this trainer"
 _DEEPEP = "the flex dispatcher runs on DeepEP / HybridEP, CUDA-only kernels"
-_CP = "context parallelism is not supported by this trainer yet"
 _FSDP = "FSDP is not supported by this trainer"
 _UNEVEN = "uneven pipeline stages are not supported by this trainer"
 _DROP = "drop the flag"
@@ -151,8 +178,8 @@ def _lacking(reason: str, *flags: str, alternative: str = _DROP, device: bool = 
     return tuple(make(flag, reason, alternative) for flag in flags)
 
 
-def _ignored(flag: str, reason: str) -> FlagPolicy:
-    return FlagPolicy(flag, "ignored", reason)
+def _ignored(flag: str, reason: str, accepted: Accepted | None = None) -> FlagPolicy:
+    return FlagPolicy(flag, "ignored", reason, accepted=accepted)
 
 
 def _mapped(flag: str, name: str, reason: str, allowed: tuple[str, ...] | None = None) -> FlagPolicy:
@@ -177,9 +204,6 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
         "use --ckpt-format torch_dist (the default)",
         ("torch_dist",),
     ),
-    _refused("--context-parallel-size", _CP, "use --context-parallel-size 1 (the default)", ("1",)),
-    _refused("--cp-comm-type", _CP, _DROP, ("p2p",)),
-    _refused("--hierarchical-context-parallel-sizes", _CP),
     # MoE: megatron-core's router, dispatchers and experts run as they are; what needs CUDA-only
     # kernels (DeepEP, TE's fused permutation and router) is refused, with the unfused alternative.
     _device(
@@ -236,6 +260,7 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     _refused("--use-custom-fsdp", _FSDP, _DIST_OPT),
     _refused("--use-megatron-fsdp", _FSDP, _DIST_OPT),
     _refused("--async-save", "asynchronous checkpoint saving is not supported yet", "drop it (saves are synchronous)"),
+    _refused("--spec", "this trainer builds the GPT layer spec itself"),
     _refused(
         "--use-tp-pp-dp-mapping",
         "rank maps, rank tables and checks assume megatron-core's default order",
@@ -280,7 +305,7 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     ),
     # Megatron-LM core_v0.16.1 flags of other models and workflows than GPT pretraining, and
     # features this trainer does not have: each refused with its reason, none unrecognised
-    # (tests/test_upstream_megatron_lm.py checks every flag of that tag's parser is covered).
+    # (tests/upstream/test_upstream_megatron_lm.py checks every flag of that tag's parser is covered).
     *_elsewhere(
         "vision models (pretrain_vision_*.py)",
         "--vision-*",
@@ -577,36 +602,43 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     _ignored("--disable-async-tensor-model-parallel-allreduce", "deprecated in Megatron-LM; no effect"),
     _ignored("--disable-manual-gc-eval", _GC),
     _ignored("--disable-log-loss-scale-to-tensorboard", "the loss scale is always written to TensorBoard"),
+    # ---- ignored, and defined by this table alone: the trainer's parser takes each as
+    # Megatron-LM core_v0.16.1 does (``accepted``), into args.no_effect_<name> ----------
     *(
-        _ignored(flag, "one_logger and its application tags are NVIDIA's internal telemetry; not used")
-        for flag in (
-            "--no-one-logger",
-            "--one-logger-async",
-            "--one-logger-project",
-            "--one-logger-run-name",
-            "--app-tag-run-name",
-            "--app-tag-run-version",
+        _ignored(flag, "one_logger and its application tags are NVIDIA's internal telemetry; not used", accepted)
+        for flag, accepted in (
+            ("--no-one-logger", _FALSE),
+            ("--one-logger-async", _TRUE),
+            ("--one-logger-project", _takes(str, "megatron-lm")),
+            ("--one-logger-run-name", _takes(str)),
+            ("--app-tag-run-name", _takes(str)),
+            ("--app-tag-run-version", _takes(str, "0.0.0")),
         )
     ),
-    _ignored("--disable-msc", "the Multi-Storage Client is not used; paths are local files"),
-    _ignored("--config-logger-dir", "entry-point configs are not dumped; the arguments are in LOG_DIR/args.json"),
+    _ignored("--disable-msc", "the Multi-Storage Client is not used; paths are local files", _FALSE),
+    _ignored(
+        "--config-logger-dir",
+        "entry-point configs are not dumped; the arguments are in LOG_DIR/args.json",
+        _takes(str, ""),
+    ),
     _ignored(
         "--disable-clone-scatter-output-in-embedding",
         "a memory-only option; the embedding output is cloned (megatron-core's default)",
+        _FALSE,
     ),
-    _ignored("--disable-gloo-process-groups", "megatron-core's gloo groups are kept"),
-    _ignored("--disable-ckpt-fully-parallel-save", "saves use megatron-core's default strategy"),
+    _ignored("--disable-gloo-process-groups", "megatron-core's gloo groups are kept", _FALSE),
+    _ignored("--disable-ckpt-fully-parallel-save", "saves use megatron-core's default strategy", _FALSE),
     *(
-        _ignored(flag, "an NCCL communicator tuning; not applied")
-        for flag in (
-            "--disable-symmetric-registration",
-            "--create-all-gather-group",
-            "--no-gradient-reduce-div-fusion",
-            "--high-priority-stream-groups",
+        _ignored(flag, "an NCCL communicator tuning; not applied", accepted)
+        for flag, accepted in (
+            ("--disable-symmetric-registration", _TRUE),
+            ("--create-all-gather-group", _TRUE),
+            ("--no-gradient-reduce-div-fusion", _FALSE),
+            ("--high-priority-stream-groups", _takes(str, (), "*")),
         )
     ),
     *(
-        _ignored(flag, "the tokenizer is never read back from the checkpoint")
+        _ignored(flag, "the tokenizer is never read back from the checkpoint", _FALSE)
         for flag in (
             "--no-use-tokenizer-model-from-checkpoint-args",
             "--disable-use-tokenizer-model-from-checkpoint-args",
@@ -615,10 +647,11 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     _ignored(
         "--exit-signal-handler-for-dataloader",
         "data-loader workers always ignore the exit signal; the main process saves and exits",
+        _TRUE,
     ),
-    _ignored("--log-device-memory-used", "device memory through nvidia-smi is CUDA-only"),
-    _ignored("--log-max-attention-logit", "the largest attention logit is not computed"),
-    _ignored("--log-memory-interval", "memory is not reported at an interval"),
+    _ignored("--log-device-memory-used", "device memory through nvidia-smi is CUDA-only", _TRUE),
+    _ignored("--log-max-attention-logit", "the largest attention logit is not computed", _TRUE),
+    _ignored("--log-memory-interval", "memory is not reported at an interval", _takes(int)),
     # ---- mapped: honoured by the Ascend counterpart ------------------------------------
     FlagPolicy(
         "--distributed-backend",
@@ -651,6 +684,8 @@ DEVICE_REFUSED: tuple[FlagPolicy, ...] = tuple(p for p in REFUSED if p.scope == 
 #: flag -> reason, for the flags accepted with no effect.
 IGNORED: dict[str, str] = {p.flag: p.reason for p in FLAG_POLICY if p.outcome == "ignored"}
 MIGRATED: tuple[FlagPolicy, ...] = tuple(p for p in FLAG_POLICY if p.migrate)
+#: The ignored flags no other argument of the trainer's parser defines: it adds them from these rows.
+NO_EFFECT_ARGS: tuple[FlagPolicy, ...] = tuple(p for p in FLAG_POLICY if p.accepted is not None)
 
 _NCCL_ONLY = "NCCL setting with no HCCL equivalent"
 
@@ -712,13 +747,9 @@ ENV_POLICY: tuple[EnvPolicy, ...] = (
         "read by PyTorch's ProcessGroupNCCL only; the HCCL process group ignores it",
     ),
     EnvPolicy("nvte", "NVTE_*", "comment", "", "Transformer Engine setting; TE is not used on NPU"),
-    EnvPolicy(
-        "connect-timeout",
-        "HCCL_CONNECT_TIMEOUT",
-        "add",
-        "1200",
-        "HCCL link set-up times out after 120 s by default, too short for multi-node start-up",
-    ),
+    # No HCCL timeout is added to a script: the accelerator sets HCCL_CONNECT_TIMEOUT and
+    # HCCL_EXEC_TIMEOUT from --distributed-timeout-minutes wherever the user left them unset
+    # (accelerator/npu.py), and an exported default would silently win over the flag.
 )
 
 
@@ -752,7 +783,7 @@ def ignored_reason(flag: str) -> str | None:
 
 def env_policy(variable: str) -> EnvPolicy | None:
     """The mapping of a CUDA/NCCL variable (first match: exact rows precede prefix rows)."""
-    return next((p for p in ENV_POLICY if p.action != "add" and p.matches(variable)), None)
+    return next((p for p in ENV_POLICY if p.matches(variable)), None)
 
 
 def check_value(policy: FlagPolicy, value: Any) -> None:

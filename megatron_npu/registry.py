@@ -11,6 +11,7 @@ too. ``undo()`` restores every original object.
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import sys
@@ -24,7 +25,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from .accelerator.base import Accelerator
-from .version import TESTED_MEGATRON_CORE_RANGE, UnsupportedMegatronVersion, installed_megatron_core, untested_allowed
+from .version import SUPPORTED_MEGATRON_CORE_RANGE, installed_megatron_core, release_for_patches
 
 ORIGINAL_ATTR = "__megatron_npu_original__"
 _MISSING = object()
@@ -42,7 +43,10 @@ class Patch:
     build: Callable[[Any, Accelerator], Any]
     reason: str
     subsystem: str
-    megatron_versions: str = TESTED_MEGATRON_CORE_RANGE
+    #: The megatron-core releases this patch was verified on (its target exists there and the replacement is
+    #: right); outside them it does not apply. A private target that moved or changed between releases gets one
+    #: patch per range, never a version test inside one patch.
+    megatron_versions: str = SUPPORTED_MEGATRON_CORE_RANGE
     #: The accelerator capability that makes this patch apply (see Accelerator.capability):
     #: the patch set asks behaviour questions, never device names.
     requires: str = "patches_megatron_core"
@@ -82,6 +86,9 @@ class PatchRegistry:
     _replacements: list[_Replacement] = field(default_factory=list)
     _applied: dict[str, Patch] = field(default_factory=dict)
     _pending: dict[str, list[Patch]] = field(default_factory=dict)
+    _missing: dict[str, str] = field(default_factory=dict)  # patch name -> why its target was not found
+    _other_release: list[Patch] = field(default_factory=list)
+    _release: str | None = None
     _accelerator: Accelerator | None = None
     _hook: _PostImportHook | None = None
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -108,6 +115,19 @@ class PatchRegistry:
         """Patches waiting for their module to be imported."""
         return [patch for patches in self._pending.values() for patch in patches]
 
+    def missing(self) -> dict[str, str]:
+        """Patches whose target does not exist in a release they claim: name -> the one-line error."""
+        return dict(self._missing)
+
+    def other_release(self) -> list[Patch]:
+        """Patches for the accelerator whose verified releases exclude the installed megatron-core."""
+        return list(self._other_release)
+
+    @property
+    def release(self) -> str | None:
+        """The megatron-core release the patches were chosen for (None before apply)."""
+        return self._release
+
     def alias_count(self, patch_name: str) -> int:
         return sum(1 for r in self._replacements if r.patch == patch_name and r.alias)
 
@@ -122,9 +142,11 @@ class PatchRegistry:
                         f"call megatron_npu.unpatch() before patching for {accelerator.device_type!r}"
                     )
                 return self.applied()
+            release = release_for_patches(installed_megatron_core())
             applicable = [patch for patch in self.patches if patch.applies_to(accelerator)]
-            _check_versions(applicable, installed_megatron_core())
-            self._accelerator = accelerator
+            self._other_release = [patch for patch in applicable if not patch.verified_for(release)]
+            applicable = [patch for patch in applicable if patch.verified_for(release)]
+            self._accelerator, self._release = accelerator, release
             swapped: dict[int, tuple[Any, Any, str]] = {}
             for patch in applicable:
                 if patch.module_name in sys.modules:
@@ -142,13 +164,12 @@ class PatchRegistry:
         owner: Any = module
         *parents, attribute = patch.attribute_path
         for part in parents:
-            owner = getattr(owner, part)
+            owner = getattr(owner, part, _MISSING)
+            if owner is _MISSING:
+                return self._record_missing(patch)
         original = _static_lookup(owner, attribute)
         if original is _MISSING and not patch.create:
-            raise AttributeError(
-                f"patch {patch.name!r}: {patch.target} does not exist in this megatron-core/torch; "
-                "this version is untested (see megatron_npu.version)"
-            )
+            return self._record_missing(patch)
         plain_original = _unwrap_descriptor(original)
         replacement = patch.build(None if original is _MISSING else plain_original, self._accelerator)
         _mark(replacement, plain_original)
@@ -161,6 +182,32 @@ class PatchRegistry:
         self._applied[patch.name] = patch
         if isinstance(owner, ModuleType) and callable(plain_original):
             swapped[id(plain_original)] = (plain_original, replacement, patch.name)
+
+    def _record_missing(self, patch: Patch, why: str = "does not exist") -> None:
+        """A target missing in a release the patch claims: left unpatched, said once on stderr, and kept for
+        the doctor (non-zero exit) and the tests. Raising here would fail an import inside megatron-core."""
+        message = (
+            f"patch {patch.name!r}: {patch.target} {why} in megatron-core {self._release}, a release it claims "
+            f"({patch.megatron_versions}); left unpatched"
+        )
+        if patch.name not in self._missing:
+            print(f"megatron-npu: error: {message}", file=sys.stderr, flush=True)
+        self._missing[patch.name] = message
+
+    def resolve(self, prefixes: tuple[str, ...]) -> None:
+        """Import the modules of pending patches under ``prefixes`` so that every target is looked up now (the
+        doctor's check); a module that does not exist is a missing target too."""
+        for module_name in [name for name in list(self._pending) if name.startswith(prefixes)]:
+            try:
+                importlib.import_module(module_name)
+            except ImportError as error:
+                why = "(its module does not exist)" if isinstance(error, ModuleNotFoundError) else f"({error})"
+                with self._lock:
+                    for patch in self._pending.pop(module_name, []):
+                        self._record_missing(patch, why=why)
+        with self._lock:
+            if not self._pending:
+                self._remove_hook()
 
     def _replace_aliases(self, swapped: dict[int, tuple[Any, Any, str]]) -> None:
         """One pass over loaded modules: rebind every early-bound alias."""
@@ -200,8 +247,10 @@ class PatchRegistry:
             self._replacements.clear()
             self._applied.clear()
             self._pending.clear()
+            self._missing.clear()
+            self._other_release.clear()
             self._remove_hook()
-            self._accelerator = None
+            self._accelerator, self._release = None, None
 
     def _remove_hook(self) -> None:
         if self._hook is not None and self._hook in sys.meta_path:
@@ -244,19 +293,6 @@ class _PatchingLoader(importlib.abc.Loader):
         return getattr(self.loader, name)
 
 
-def _check_versions(patches: list[Patch], megatron_core_version: str | None) -> None:
-    """Refuse to apply a patch outside the megatron-core versions it was verified for."""
-    unverified = [patch.name for patch in patches if not patch.verified_for(megatron_core_version)]
-    if not unverified or untested_allowed():
-        return
-    ranges = sorted({patch.megatron_versions for patch in patches if patch.name in unverified})
-    raise UnsupportedMegatronVersion(
-        f"megatron-core {megatron_core_version or '(not installed)'} is outside the versions patches "
-        f"{', '.join(unverified[:5])}{' ...' if len(unverified) > 5 else ''} were verified for "
-        f"({'; '.join(ranges)}); install a verified megatron-core or set MEGATRON_NPU_ALLOW_UNTESTED_MEGATRON=1"
-    )
-
-
 def _static_lookup(owner: Any, attribute: str) -> Any:
     if isinstance(owner, type):
         for klass in owner.__mro__:
@@ -293,7 +329,7 @@ def register(
     *,
     reason: str,
     subsystem: str,
-    megatron_versions: str = TESTED_MEGATRON_CORE_RANGE,
+    megatron_versions: str = SUPPORTED_MEGATRON_CORE_RANGE,
     requires: str = "patches_megatron_core",
     create: bool = False,
 ) -> Callable[[Callable[[Any, Accelerator], Any]], Callable[[Any, Accelerator], Any]]:

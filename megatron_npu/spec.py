@@ -4,7 +4,8 @@ megatron-core's local spec (its own linear layers and MLP; no Transformer Engine
 the norm and core attention of megatron_npu.ops.spec_provider.DeviceSpecProvider, the
 backend seam megatron-core's TE spec uses: a sequence-parallel-capable norm (the device's
 fused RMSNorm where there is one), the SwiGLU activation on the device's kernel, and, with
-``--use-flash-attn`` on a device with a fused attention kernel, FusedDotProductAttention.
+``--use-flash-attn`` on a device with a fused attention kernel, FusedDotProductAttention; with
+``--context-parallel-size`` > 1, ContextParallelAttention (ring, all-to-all or both).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from megatron_npu.training.config import transformer_config
 
 
 def spec_provider(args: argparse.Namespace) -> DeviceSpecProvider:
-    return DeviceSpecProvider(use_flash_attn=bool(args.use_flash_attn))
+    context_parallel = getattr(args, "context_parallel_size", 1) > 1
+    return DeviceSpecProvider(use_flash_attn=bool(args.use_flash_attn), context_parallel=context_parallel)
 
 
 def uses_fused_attention(args: argparse.Namespace) -> bool:

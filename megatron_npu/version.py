@@ -16,9 +16,23 @@ from packaging.version import Version
 
 __version__ = "0.1.0"
 
-#: The one statement of the megatron-core range; setup.py and every patch read it here.
-TESTED_MEGATRON_CORE_RANGE = ">=0.16.0,<0.17"
+#: The one statement of the megatron-core range; setup.py and every patch read it here. 0.12.x-0.16.x
+#: install on Python 3.11 (0.16.1, the newest there, is the default install), 0.17.x-0.19.x declare
+#: Python >= 3.12; pip picks by Python version. Each release line below was verified (tests/releases/).
+TESTED_MEGATRON_CORE_RANGE = ">=0.12.0,<0.20"
 TESTED_MEGATRON_CORE = SpecifierSet(TESTED_MEGATRON_CORE_RANGE)
+SUPPORTED_MEGATRON_CORE_RANGE = TESTED_MEGATRON_CORE_RANGE
+#: Release line -> the megatron-core wheel and the Megatron-LM tag its patches were verified with.
+VERIFIED_RELEASES = {
+    "0.12": ("0.12.1", "core_v0.12.1"),
+    "0.13": ("0.13.1", "core_v0.13.1"),
+    "0.14": ("0.14.0", "core_v0.14.0"),
+    "0.15": ("0.15.3", "core_v0.15.3"),
+    "0.16": ("0.16.1", "core_v0.16.1"),
+    "0.17": ("0.17.1", "core_v0.17.1"),
+    "0.18": ("0.18.2", "core_v0.18.2"),
+    "0.19": ("0.19.2", "core_v0.19.0"),  # Megatron-LM's newest 0.19 tag
+}
 ALLOW_UNTESTED_ENVVAR = "MEGATRON_NPU_ALLOW_UNTESTED_MEGATRON"
 
 
@@ -35,6 +49,21 @@ def installed_megatron_core() -> str | None:
 
 def untested_allowed() -> bool:
     return os.environ.get(ALLOW_UNTESTED_ENVVAR, "") not in ("", "0")
+
+
+def release_line(version: str) -> str:
+    """'0.15' of '0.15.3' (major.minor: what a Megatron-LM tag and a megatron-core wheel must share)."""
+    release = Version(version).release
+    return f"{release[0]}.{release[1] if len(release) > 1 else 0}"
+
+
+def release_for_patches(found: str | None) -> str | None:
+    """The megatron-core release whose patches apply: the installed one, or, for an untested one let in by
+    MEGATRON_NPU_ALLOW_UNTESTED_MEGATRON, the nearest verified release (the oldest below the range, else the newest)."""
+    if found is None or Version(found) in TESTED_MEGATRON_CORE:
+        return found
+    wheels = sorted((wheel for wheel, _ in VERIFIED_RELEASES.values()), key=Version)
+    return wheels[0] if Version(found) < Version(wheels[0]) else wheels[-1]
 
 
 def check_megatron_core(version: str | None = None) -> str:
@@ -60,10 +89,19 @@ def check_megatron_core(version: str | None = None) -> str:
 
 
 # ----- Megatron-LM (the training stack: megatron/training, pretrain_gpt.py) -------------------
-#: The Megatron-LM release whose megatron/training the megatron_training patches were verified
-#: against (tag core_v0.16.1, the tag of the megatron-core 0.16.1 wheel).
-TESTED_MEGATRON_LM = "core_v0.16.1"
-TESTED_MEGATRON_LM_RANGE = ">=0.16.1,<0.17"
+#: The Megatron-LM tags the megatron_training patches were verified against, one per megatron-core release
+#: line: a checkout must be one of these lines and the same line as the installed megatron-core wheel.
+TESTED_MEGATRON_LM = ", ".join(tag for _, tag in VERIFIED_RELEASES.values())
+TESTED_MEGATRON_LM_RANGE = TESTED_MEGATRON_CORE_RANGE
+
+
+def megatron_lm_tag(megatron_core: str | None = None) -> str | None:
+    """The Megatron-LM tag verified with ``megatron_core``'s release line (default: the installed wheel)."""
+    found = megatron_core if megatron_core is not None else installed_megatron_core()
+    if found is None:
+        return None
+    verified = VERIFIED_RELEASES.get(release_line(found))
+    return verified[1] if verified else None
 
 
 def _package_info_version(path: str) -> str | None:
@@ -114,16 +152,22 @@ def check_megatron_lm() -> str:
     found = installed_megatron_lm()
     if found is None:
         raise UnsupportedMegatronVersion(
-            f"megatron.training is not importable: put a Megatron-LM checkout ({TESTED_MEGATRON_LM}) on PYTHONPATH"
+            f"megatron.training is not importable: put a Megatron-LM checkout "
+            f"({megatron_lm_tag() or TESTED_MEGATRON_LM}) on PYTHONPATH"
         )
     version, source, root = found
-    if Version(version) in SpecifierSet(TESTED_MEGATRON_LM_RANGE):
+    core = installed_megatron_core()
+    same_line = core is not None and release_line(version) == release_line(core)
+    if Version(version) in SpecifierSet(TESTED_MEGATRON_LM_RANGE) and same_line:
         return version
+    expected = megatron_lm_tag(core)
     message = (
-        f"Megatron-LM {version} at {root} (from {source}) is untested with megatron-npu {__version__}: "
-        f"its megatron_training patches are verified with Megatron-LM {TESTED_MEGATRON_LM} "
-        f"(megatron-core {installed_megatron_core()}); check out {TESTED_MEGATRON_LM}, or set "
-        f"{ALLOW_UNTESTED_ENVVAR}=1 to patch it anyway at your own risk."
+        f"Megatron-LM {version} at {root} (from {source}) is untested with megatron-npu {__version__} and "
+        f"megatron-core {core}: its megatron_training patches are verified with Megatron-LM "
+        f"{expected or TESTED_MEGATRON_LM} for megatron-core {core}"
+        f"{'' if expected else f' (tested: {TESTED_MEGATRON_LM})'}; check out "
+        f"{expected or 'one of those with its megatron-core'}, or set {ALLOW_UNTESTED_ENVVAR}=1 to patch it "
+        "anyway at your own risk."
     )
     if untested_allowed():
         warnings.warn(message, RuntimeWarning, stacklevel=2)

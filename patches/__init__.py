@@ -6,9 +6,12 @@ target no patch applies: megatron-core runs as upstream.
 """
 
 from . import (  # noqa: F401  (importing registers the patches)
+    context_parallel,
     device_arguments,
     distributed,
+    fsdp,
     fused_ops,
+    megatron_core_fixes,
     megatron_training,
     moe,
     optimizer,

@@ -104,6 +104,8 @@ def _positional_backend(original: Callable, accelerator: Accelerator) -> Callabl
         timeout = args[1] if len(args) > 1 else kwargs.get("timeout")  # (init_method, timeout, ...)
         if timeout is not None:
             _apply_collective_timeout(accelerator, timeout)
+        for name, value in accelerator.process_group_environment().items():
+            os.environ.setdefault(name, value)  # read by every group created from here on
         return wrapped(*args, **kwargs)
 
     return init_process_group
@@ -115,7 +117,8 @@ for _module in ("torch.distributed", "torch.distributed.distributed_c10d"):
         f"{_module}:init_process_group",
         reason=(
             "init_process_group('nccl') and the default backend become the accelerator's; its timeout"
-            " also sets the collective library's own timeouts where the accelerator names them"
+            " also sets the collective library's own timeouts where the accelerator names them, and the"
+            " accelerator's group-creation variables (gloo: lazy connect) are set for every later group"
         ),
         subsystem=SUBSYSTEM,
     )(_positional_backend)
@@ -193,3 +196,80 @@ for _module in ("torch.distributed", "torch.distributed.distributed_c10d"):
         subsystem=SUBSYSTEM,
         requires="lacks_float64_reduction",
     )(exact_float64_all_reduce)
+
+
+# ----- groups megatron-core releases, and gathers gloo checks by shape ---------------------
+PARALLEL_STATE = "megatron.core.parallel_state"
+
+
+def _groups_megatron_created() -> list[Any]:
+    """The groups this rank belongs to that parallel_state.create_group made (its own list)."""
+    parallel_state = __import__(PARALLEL_STATE, fromlist=["_global_process_group_list"])
+    return [group for group in parallel_state._global_process_group_list or () if group is not None]
+
+
+def _destroy(groups: list[Any]) -> int:
+    c10d = torch.distributed.distributed_c10d
+    default = c10d._get_default_group() if torch.distributed.is_initialized() else None
+    destroyed = 0
+    for group in groups:
+        if group is not default and group in c10d._world.pg_map:
+            torch.distributed.destroy_process_group(group)
+            destroyed += 1
+    return destroyed
+
+
+@register(
+    "parallel_state.destroy_model_parallel.destroy_groups",
+    f"{PARALLEL_STATE}:destroy_model_parallel",
+    reason="drops its references to the groups create_group made but destroys only the gloo DP ones; a gloo "
+    "group keeps 3 threads (one polling every 10 ms), so a job that re-initialises model parallelism (megatron-"
+    "core's unit tests, per test) piles up ~470 threads per rank and starves (dist_checkpointing/"
+    "test_serialization.py); the released groups are destroyed",
+    subsystem=SUBSYSTEM,
+    megatron_versions=">=0.16.0,<0.17",
+    requires="groups_hold_threads",
+)
+def _destroy_released_groups(original: Callable, accelerator: Accelerator) -> Callable:
+    @functools.wraps(original)
+    def destroy_model_parallel(*args: Any, **kwargs: Any) -> Any:
+        released = _groups_megatron_created()
+        result = original(*args, **kwargs)
+        _destroy(released)
+        return result
+
+    return destroy_model_parallel
+
+
+def flat_all_gather(original: Callable, accelerator: Accelerator) -> Callable:
+    """all_gather_into_tensor by element count, as NCCL and HCCL check it.
+
+    megatron-core gathers shaped inputs into flat outputs (gather_split_1d_tensor: a (2, 4)
+    input into a 16-element output); gloo checks each output chunk's shape against the input's.
+    Where the counts agree and the shapes do not, both travel as flat views of the same memory.
+    """
+
+    @functools.wraps(original)
+    def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, *args: Any, **kwargs: Any):
+        if (
+            output_tensor.dim() != input_tensor.dim()
+            and output_tensor.is_contiguous()
+            and input_tensor.is_contiguous()
+            and output_tensor.numel() % max(input_tensor.numel(), 1) == 0
+        ):
+            return original(output_tensor.view(-1), input_tensor.view(-1), *args, **kwargs)
+        return original(output_tensor, input_tensor, *args, **kwargs)
+
+    return all_gather_into_tensor
+
+
+for _module in ("torch.distributed", "torch.distributed.distributed_c10d"):
+    register(
+        f"{_module}.all_gather_into_tensor.flat",
+        f"{_module}:all_gather_into_tensor",
+        reason="megatron-core gathers a shaped tensor into a flat one (gather_split_1d_tensor); NCCL checks element "
+        "counts, gloo shapes: 'invalid tensor size' (tensor_parallel/test_tensor_parallel_utils.py::"
+        "test_gather_split_1d_tensor); flat views of the same memory are gathered",
+        subsystem=SUBSYSTEM,
+        requires="lacks_flat_all_gather",
+    )(flat_all_gather)

@@ -41,7 +41,7 @@ def _rotary(original: Callable | None, accelerator: Accelerator) -> Callable:
     ) -> Any:
         if original is not None:  # Transformer Engine is installed: its kernel stays
             return original(t, freqs, transpose_output_memory=transpose_output_memory, interleaved=interleaved)
-        if interleaved:  # the device kernel is half-split only
+        if not fused.fused_rotary_serves(interleaved):
             return unfused(t, freqs, rotary_interleaved=True)
         return fused.rotary(t, freqs)
 

@@ -1,8 +1,9 @@
 """Megatron-LM's own training stack (``megatron/training``, its ``pretrain_gpt.py``) off CUDA.
 
 A user's Megatron-LM checkout on ``PYTHONPATH`` merges with the megatron-core wheel
-(``megatron/`` is a namespace package). Verified against Megatron-LM core_v0.16.1
-(``TESTED_MEGATRON_LM`` in megatron_npu.version) with megatron-core 0.16.x. Targets in
+(``megatron/`` is a namespace package). Verified against Megatron-LM core_v0.12.1 to core_v0.19.0
+(``VERIFIED_RELEASES`` in megatron_npu.version), each with its megatron-core release line (a private
+target that moved between tags has one patch per range). Targets in
 ``megatron.training`` modules are applied by the registry's import hook when the
 script imports ``megatron.training``; nothing here applies on the cuda target.
 
@@ -68,8 +69,11 @@ def device_refusal_message(argv: list[str]) -> str | None:
     return None
 
 
-def _training_patch(name: str, reason: str) -> Callable[[Callable[[Any, Accelerator], Any]], Any]:
-    """register() for a megatron.training target: the Megatron-LM version is checked first.
+def _training_patch(
+    name: str, reason: str, versions: str = VERSIONS, target: str | None = None
+) -> Callable[[Callable[[Any, Accelerator], Any]], Any]:
+    """register() for a megatron.training target (``target``, default: ``name`` as module.attribute) on the
+    megatron-core ``versions``: the Megatron-LM version is checked first.
 
     The build runs when the import hook sees the target's module, i.e. before any of
     Megatron-LM's code is called; another Megatron-LM stops there with both versions named
@@ -85,9 +89,8 @@ def _training_patch(name: str, reason: str) -> Callable[[Callable[[Any, Accelera
             return build(original, accelerator)
 
         module, attribute = name.rsplit(".", 1)
-        return register(name, f"{module}:{attribute}", reason=reason, subsystem=SUBSYSTEM, megatron_versions=VERSIONS)(
-            checked
-        )
+        where = target or f"{module}:{attribute}"
+        return register(name, where, reason=reason, subsystem=SUBSYSTEM, megatron_versions=versions)(checked)
 
     return decorator
 
@@ -137,7 +140,7 @@ def _batch_invariant_stand_in() -> types.ModuleType:
     reason="megatron/training/initialize.py imports this module, which imports triton unguarded; without triton "
     "(CPU torch, torch_npu) a stand-in with the same switches loads instead and refuses --batch-invariant-mode",
     subsystem=SUBSYSTEM,
-    megatron_versions=VERSIONS,
+    megatron_versions=">=0.16.0,<0.20",  # the module and initialize.py's import of it appear in 0.16
     create=True,
 )
 def _batch_invariant_kernels(original: Any, accelerator: Accelerator) -> types.ModuleType:
@@ -211,10 +214,16 @@ def _compile_dependencies(original: Callable[[], None], accelerator: Accelerator
     return compile_dependencies
 
 
+JIT_WARMUP_REASON = (
+    "warms up megatron-core's torch.compile'd fusions (about 30 s per process on cpu, no npu backend); "
+    "skipped where the accelerator does not fuse them (the fusion flags are turned off in validate_args)"
+)
+
+
 @_training_patch(
     "megatron.training.initialize.set_jit_fusion_options",
-    reason="warms up megatron-core's torch.compile'd fusions (about 30 s per process on cpu, no npu backend); "
-    "skipped where the accelerator does not fuse them (the fusion flags are turned off in validate_args)",
+    reason=JIT_WARMUP_REASON,
+    versions=">=0.12.0,<0.19",  # set_jit_fusion_options() takes no arguments up to core_v0.18.x
 )
 def _set_jit_fusion_options(original: Callable[[], None], accelerator: Accelerator) -> Callable[[], None]:
     @functools.wraps(original)
@@ -226,11 +235,37 @@ def _set_jit_fusion_options(original: Callable[[], None], accelerator: Accelerat
 
 
 @_training_patch(
-    "megatron.training.utils.get_device_arch_version",
-    reason="reads the CUDA compute capability (get_device_properties().major); off CUDA there is no CUDA arch: 0, "
-    "so no Blackwell-only path is taken",
+    "megatron.training.initialize.set_jit_fusion_options.tp_size",
+    reason=JIT_WARMUP_REASON,
+    versions=">=0.19.0,<0.20",  # core_v0.19.0's training.py calls set_jit_fusion_options(tp_size=...)
+    target="megatron.training.initialize:set_jit_fusion_options",
 )
+def _set_jit_fusion_options_tp(original: Callable[..., None], accelerator: Accelerator) -> Callable[..., None]:
+    @functools.wraps(original)
+    def set_jit_fusion_options(tp_size: int | None = None) -> None:
+        if accelerator.supports_jit_fusion:
+            original(tp_size=tp_size)
+
+    return set_jit_fusion_options
+
+
+ARCH_REASON = (
+    "reads the CUDA compute capability (get_device_properties().major); off CUDA there is no CUDA arch: 0, "
+    "so no Blackwell-only path is taken"
+)
+
+
+@_training_patch("megatron.training.utils.get_device_arch_version", reason=ARCH_REASON, versions=">=0.12.0,<0.18")
 def _get_device_arch_version(original: Callable[[], int], accelerator: Accelerator) -> Callable[[], int]:
+    return lambda: 0
+
+
+@_training_patch(
+    "megatron.training.utils.common_utils.get_device_arch_version",
+    reason=ARCH_REASON,
+    versions=">=0.18.0,<0.20",  # core_v0.18.0 made megatron/training/utils a package (common_utils.py)
+)
+def _get_device_arch_version_common(original: Callable[[], int], accelerator: Accelerator) -> Callable[[], int]:
     return lambda: 0
 
 
@@ -281,8 +316,9 @@ def adapt_args(args: argparse.Namespace, argv: list[str], accelerator: Accelerat
         args.use_pytorch_profiler = True
         _warn_once("--profile uses nsys (cudaProfilerStart, emit_nvtx), CUDA-only: using --use-pytorch-profiler")
     # The variable orders CUDA kernel launches; off CUDA it has no effect, so validate_args'
-    # demand for it (TP > 1 before Blackwell) guards nothing here.
-    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    # demand for it (TP > 1 before Blackwell; FSDP: anything but 1) guards nothing here.
+    fsdp = getattr(args, "use_megatron_fsdp", False) or getattr(args, "use_torch_fsdp2", False)
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "8" if fsdp else "1")
 
 
 @_training_patch(

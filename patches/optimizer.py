@@ -187,6 +187,7 @@ def _load_state_dict(original: Callable, accelerator: Accelerator) -> Callable:
     reason="the --decoupled-lr override leaves is_decoupled_lr False, the key groups are matched by on load: "
     "after a resume every parameter trains on the decoupled schedule (silent)",
     subsystem=SUBSYSTEM,
+    megatron_versions=">=0.16.0,<0.20",  # get_standard_config_overrides first appears in 0.16
 )
 def _standard_overrides(original: Callable, accelerator: Accelerator) -> Callable:
     @functools.wraps(original)

@@ -76,8 +76,9 @@ _redirect(
 _redirect(
     "is_available",
     lambda accelerator: accelerator.is_available,
-    "GPU scripts gate their device code on torch.cuda.is_available()",
-    requires="stands_in_for_cuda",
+    "GPU scripts and megatron-core gate device code on torch.cuda.is_available(); every torch.cuda call they make "
+    "reaches the accelerator (on cpu: the host), so it answers for the accelerator: the cpu harness then takes the "
+    "device paths npu takes, not a no-device path no target runs (megatron-core's unit tests: #27)",
 )
 _redirect(
     "get_device_name",

@@ -9,7 +9,7 @@
 #   bash scripts/pretrain_gpt_8x2.sh --dry-run         # print every node's command, run nothing
 #
 # Every setting below can be overridden from the environment, e.g. a scaled-down two-agent
-# cpu run on one machine (tests/test_two_node.py runs this):
+# cpu run on one machine (tests/layout/test_two_node.py runs this):
 #   MEGATRON_NPU_DEVICE=cpu HOSTS=127.0.0.1,127.0.0.1 MASTER_ADDR=127.0.0.1 NPROC_PER_NODE=2 TP=2 PP=2 \
 #     NUM_LAYERS=4 HIDDEN_SIZE=64 NUM_ATTENTION_HEADS=4 SEQ_LENGTH=128 GLOBAL_BATCH_SIZE=4 TRAIN_ITERS=4 \
 #     LR_WARMUP_ITERS=1 DTYPE=fp32 CHECKPOINT_SAVE= LOG_DIR=/tmp/gpt-logs \

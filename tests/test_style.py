@@ -17,11 +17,13 @@ def _ruff(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([RUFF, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.launch
 def test_ruff_check_is_clean():
     result = _ruff("check", ".")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.launch
 def test_ruff_format_leaves_every_file_unchanged():
     result = _ruff("format", "--check", ".")
     assert result.returncode == 0, "run `ruff format .`:\n" + result.stdout + result.stderr

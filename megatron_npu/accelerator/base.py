@@ -60,6 +60,18 @@ class Accelerator(abc.ABC):
     #: True when all_gather takes tensors of different sizes per rank (MoE's alltoall dispatcher
     #: gathers its tokens over expert TP this way). Gloo refuses them (torch 2.13, measured).
     gathers_uneven: bool = True
+    #: True when the collective library takes torch's PREMUL_SUM reduce op (scale, then sum: what
+    #: Megatron-FSDP reduces gradients with). Gloo refuses it (torch 2.13, measured); HCCL takes it
+    #: (torch_npu re-exports it as ``_make_hccl_premul_sum``).
+    reduces_premul_sum: bool = True
+
+    #: True when all_gather_into_tensor checks only element counts (NCCL, HCCL). Gloo compares
+    #: each output chunk's shape with the input's: a (2, 4) input into a flat output is refused
+    #: (torch 2.13, measured by megatron-core's test_gather_split_1d_tensor).
+    gathers_by_element_count: bool = True
+    #: True when a process group keeps threads of its own until destroyed (gloo: 3 per group,
+    #: one polling every 10 ms, measured): groups dropped without destroy_process_group pile up.
+    groups_hold_threads: bool = False
 
     #: True when the device stands in for CUDA in user scripts: ``torch.cuda.is_available()``
     #: and the device name answer for it, so a GPU script takes its device path.
@@ -94,6 +106,18 @@ class Accelerator(abc.ABC):
     @property
     def lacks_uneven_all_gather(self) -> bool:
         return self.patches_megatron_core and not self.gathers_uneven
+
+    @property
+    def lacks_premul_sum(self) -> bool:
+        return self.patches_megatron_core and not self.reduces_premul_sum
+
+    @property
+    def lacks_flat_all_gather(self) -> bool:
+        return self.patches_megatron_core and not self.gathers_by_element_count
+
+    def process_group_environment(self) -> dict[str, str]:
+        """Variables the collective library reads when a process group is created (none here)."""
+        return {}
 
     @property
     def collectives_bind_device(self) -> bool:
@@ -236,7 +260,9 @@ class Accelerator(abc.ABC):
 
     def fused_ops(self) -> dict[str, bool]:
         """Which fused kernels exist on this target, by Megatron's name for them."""
-        return {"flash_attention": False, "rms_norm": False, "swiglu": False, "rotary": False, "grouped_matmul": False}
+        kernels = ("flash_attention", "rms_norm", "swiglu", "rotary", "grouped_matmul")
+        context_parallel = ("attention_block", "attention_block_grad", "attention_merge")
+        return dict.fromkeys(kernels + context_parallel, False)
 
     def profiler_activities(self) -> list:
         """torch.profiler activities that see this device's work (host only by default)."""
@@ -256,7 +282,12 @@ class Accelerator(abc.ABC):
         ``"flash_attention"``: (query [sq, b, np, hn], key, value [sk, b, ng, hn], *,
         softmax_scale, dropout_p) -> causal attention [sq, b, np * hn];  ``"grouped_matmul"``:
         (x [m, k], weights [n, k] each, tokens_per_expert) -> [m, n], rows of group i times
-        weights[i]^T, differentiable (twin in megatron_npu/ops/grouped_gemm.py).
+        weights[i]^T, differentiable (twin in megatron_npu/ops/grouped_gemm.py). Context parallelism's
+        blocks (twins in megatron_npu/ops/attention_blocks.py; statistics fp32 [b, np, sq, k]):
+        ``"attention_block"``: (query, key, value, *, softmax_scale, causal) -> (out [sq, b, np, hn],
+        softmax_max, softmax_sum);  ``"attention_block_grad"``: (query, key, value, dout, out,
+        softmax_max, softmax_sum, *, softmax_scale, causal) -> (dq, dk, dv);  ``"attention_merge"``:
+        (out, softmax_max, softmax_sum, block_out, block_max, block_sum) -> the merged triple.
         """
         return None
 

@@ -93,9 +93,18 @@ class CpuAccelerator(Accelerator):
     device_rng_is_host_rng = True
     stream_ordered_p2p = False
     gathers_uneven = False  # gloo's allgather checks every tensor against the input's size
+    reduces_premul_sum = False  # "Cannot use ReduceOp.PREMUL_SUM with Gloo"
+    gathers_by_element_count = False  # "invalid tensor size at index 0 (expected (2, 4), got (8))"
+    groups_hold_threads = True
 
     def __init__(self) -> None:
         self._current = 0
+
+    def process_group_environment(self) -> dict[str, str]:
+        # Gloo connects a new group to every peer at creation. megatron-core's tests call new_group
+        # with rank lists that differ per process (NCCL connects lazily and tolerates it): eager
+        # gloo waits for peers that never come. Lazy init connects on a group's first collective.
+        return {"TORCH_GLOO_LAZY_INIT": "1"}
 
     def is_available(self) -> bool:
         return True

@@ -2,7 +2,7 @@
 
 torch_npu is imported only when this target is selected (it needs CANN). Every
 ``torch.npu.*`` / ``torch_npu.*`` name used here is checked against the real
-torch_npu wheel by tests/test_npu_contract.py.
+torch_npu wheel by tests/accelerator/test_npu_contract.py.
 """
 
 from __future__ import annotations
@@ -28,13 +28,18 @@ def import_torch_npu() -> Any:
 
 
 # Megatron's name for a fusion -> the torch_npu kernel (signatures in torch_npu 2.14's
-# op_plugin meta registrations; tests/test_npu_contract.py checks them in the wheel).
+# op_plugin meta registrations; tests/accelerator/test_npu_contract.py checks them in the wheel).
 _FUSED_KERNELS = {
     "flash_attention": "npu_fusion_attention",
     "rms_norm": "npu_rms_norm",  # (x, gamma, epsilon) -> (y, rstd)
     "swiglu": "npu_swiglu",  # (x, dim) -> silu(first half) * second half
     "rotary": "npu_rotary_mul",  # (embedding, cosine, sine, mode='half') -> x * cos + rotate_half(x) * sin
     "grouped_matmul": "npu_grouped_matmul",  # ([x], [w_i], *, group_list, split_item, group_type, ...) -> [y]
+    # context parallelism's blocks: attention with its softmax_max / softmax_sum ([B, N, S, 8] fp32),
+    # its backward from the whole row's statistics, and the online-softmax merge (SBH)
+    "attention_block": "npu_fusion_attention",
+    "attention_block_grad": "npu_fusion_attention_grad",
+    "attention_merge": "npu_ring_attention_update",
 }
 
 
@@ -42,6 +47,8 @@ _FUSED_KERNELS = {
 # [0, 2147483647], 0 = never (HCCL itself caps it at 1091 s in its AIV expansion mode);
 # HCCL_CONNECT_TIMEOUT (link set-up) in [120, 7200] s, default 120.
 HCCL_EXEC_TIMEOUT_MAX_S = 2147483647
+# npu_fusion_attention's default pre/next token window: every key
+_ALL_TOKENS = 2147483647
 HCCL_CONNECT_TIMEOUT_RANGE_S = (120, 7200)
 
 
@@ -192,6 +199,75 @@ class NpuAccelerator(Accelerator):
             next_tockens=0,
         )[0]
 
+    def _fused_attention_block(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, softmax_scale: float, causal: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        sq, batch, heads, head_dim = query.shape
+        out, softmax_max, softmax_sum = self._torch_npu.npu_fusion_attention(
+            query.reshape(sq, batch, -1),
+            key.reshape(key.shape[0], batch, -1),
+            value.reshape(value.shape[0], batch, -1),
+            heads,
+            "SBH",
+            atten_mask=_causal_mask(sq, key.shape[0], query.device, causal),
+            scale=softmax_scale,
+            keep_prob=1.0,
+            next_tockens=0 if causal else _ALL_TOKENS,
+        )[:3]
+        return out.view(sq, batch, heads, head_dim), softmax_max, softmax_sum
+
+    def _fused_attention_block_grad(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        dout: torch.Tensor,
+        out: torch.Tensor,
+        softmax_max: torch.Tensor,
+        softmax_sum: torch.Tensor,
+        *,
+        softmax_scale: float,
+        causal: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        sq, batch, heads, _ = query.shape
+        dq, dk, dv = self._torch_npu.npu_fusion_attention_grad(
+            query.reshape(sq, batch, -1),
+            key.reshape(key.shape[0], batch, -1),
+            value.reshape(value.shape[0], batch, -1),
+            dout.reshape(sq, batch, -1),
+            heads,
+            "SBH",
+            softmax_max=softmax_max.contiguous(),
+            softmax_sum=softmax_sum.contiguous(),
+            atten_mask=_causal_mask(sq, key.shape[0], query.device, causal),
+            attention_in=out.reshape(sq, batch, -1),
+            scale_value=softmax_scale,
+            keep_prob=1.0,
+            next_tockens=0 if causal else _ALL_TOKENS,
+        )[:3]
+        return dq.view(query.shape), dk.view(key.shape), dv.view(value.shape)
+
+    def _fused_attention_merge(
+        self,
+        out: torch.Tensor,
+        softmax_max: torch.Tensor,
+        softmax_sum: torch.Tensor,
+        block_out: torch.Tensor,
+        block_max: torch.Tensor,
+        block_sum: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        sq, batch = out.shape[:2]
+        merged, new_max, new_sum = self._torch_npu.npu_ring_attention_update(
+            out.reshape(sq, batch, -1),
+            softmax_max.contiguous(),
+            softmax_sum.contiguous(),
+            block_out.reshape(sq, batch, -1),
+            block_max.contiguous(),
+            block_sum.contiguous(),
+            input_layout="SBH",
+        )
+        return merged.view(out.shape), new_max, new_sum
+
     def _fused_grouped_matmul(
         self, x: torch.Tensor, weights: list[torch.Tensor], tokens_per_expert: list[int]
     ) -> torch.Tensor:
@@ -252,6 +328,11 @@ class _NpuGroupedMatmul(torch.autograd.Function):
         dx = ctx.accelerator._grouped_matmul_rows(dy, list(weights), ctx.group_list)
         dw = ctx.accelerator._grouped_matmul_k(x.t(), dy, ctx.group_list)
         return None, dx, None, *(g.t() for g in dw)
+
+
+def _causal_mask(sq: int, sk: int, device: torch.device, causal: bool) -> torch.Tensor | None:
+    """The causal mask of npu_fusion_attention: True = masked (the upper triangle); None: every key."""
+    return torch.triu(torch.ones(sq, sk, dtype=torch.bool, device=device), diagonal=1) if causal else None
 
 
 def _cann_version() -> str | None:

@@ -30,6 +30,7 @@ from megatron_npu.training.arguments import parse_args
 from megatron_npu.training.checkpointing import checkpoint_dir, save_checkpoint
 from megatron_npu.training.global_vars import set_global
 from megatron_npu.training.initialize import initialize_distributed
+from megatron_npu.training.run_state import RunState
 
 PRETRAIN_GPT = Path(__file__).resolve().parents[2] / "pretrain_gpt.py"
 Progress = Callable[[str], None]
@@ -175,7 +176,9 @@ def hf_to_megatron(spec: ModelSpec, reader: HFReader, out_dir: str, progress: Pr
             staging.save({"model": filled})
         else:
             args.save, args.no_save_optim, args.no_save_rng = out_dir, True, True
-            directory = save_checkpoint(0, [_Piece(filled)], None, None, args, before_publish=_merge(staging, out_dir))
+            directory = save_checkpoint(
+                RunState(), [_Piece(filled)], None, None, args, in_save=_merge(staging, out_dir)
+            )
         progress(f"  {piece}: {done}/{len(by_name)} tensors ({time.monotonic() - start:.0f} s)")
     return directory
 

@@ -19,8 +19,8 @@ the major version whose loading this follows (5), and whenever the directory hol
 transformers would act on while loading (a model-specific tokenizer class,
 ``auto_map``, ``add_bos_token`` / ``add_eos_token``, a special token not already in
 ``tokenizer.json``, a ``special_tokens_map.json``, an unknown config key, ...).
-tests/test_data_tokenizers.py checks the backend against transformers' (``to_str``) and the
-ids against megatron-core's; tests/test_preprocess_upstream.py the datasets against
+tests/data/test_data_tokenizers.py checks the backend against transformers' (``to_str``) and the
+ids against megatron-core's; tests/data/test_preprocess_upstream.py the datasets against
 Megatron-LM's tool.
 """
 

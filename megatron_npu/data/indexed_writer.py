@@ -5,8 +5,8 @@ megatron-core's ``IndexedDatasetBuilder`` writes the same bytes, but importing
 parallel_state, ...: 5-8 s), which is most of a preprocessing run's wall time on a small
 corpus. The format is the one ``_IndexWriter`` writes (megatron-core 0.16.1); the output is
 compared byte for byte with Megatron-LM's tools/preprocess_data.py in
-tests/test_preprocess_upstream.py and read back with megatron-core's ``IndexedDataset`` in
-tests/test_data_tokenizers.py.
+tests/data/test_preprocess_upstream.py and read back with megatron-core's ``IndexedDataset`` in
+tests/data/test_data_tokenizers.py.
 """
 
 from __future__ import annotations

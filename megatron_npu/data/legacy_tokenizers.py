@@ -3,7 +3,7 @@
 megatron-core 0.16 ships only the new tokenizer system (``megatron.core.tokenizers``); the
 legacy classes live in Megatron-LM's ``megatron/training/tokenizer/tokenizer.py``, which the
 wheel lacks, so they are written here over the same libraries (sentencepiece, transformers,
-HF ``tokenizers``). tests/test_preprocess_upstream.py compares their output with Megatron-LM's
+HF ``tokenizers``). tests/data/test_preprocess_upstream.py compares their output with Megatron-LM's
 ``tools/preprocess_data.py --legacy-tokenizer`` byte for byte. No torch import.
 """
 

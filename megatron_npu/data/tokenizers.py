@@ -17,8 +17,8 @@ the new SentencePiece types all encode alike (no Llama-2 BOS).
   megatron-core (torch and megatron.core's package: 5-8 s of start-up per run); a
   HuggingFace directory that transformers would load unchanged from its tokenizer.json is
   encoded by the ``tokenizers`` library alone (``hf_fast``: no transformers, so no torch);
-  everything else goes through ``build_tokenizer``. tests/test_data_tokenizers.py checks them against
-  megatron-core's tokenizers, tests/test_preprocess_upstream.py against Megatron-LM's tool.
+  everything else goes through ``build_tokenizer``. tests/data/test_data_tokenizers.py checks them against
+  megatron-core's tokenizers, tests/data/test_preprocess_upstream.py against Megatron-LM's tool.
 - ``padded_vocab_size``: the model's vocabulary as Megatron-LM computes it: from the legacy
   tokenizer's size, which its ``megatron/training/global_vars.py`` always builds.
 """

@@ -122,9 +122,20 @@ class ParallelDims:
         )
 
     @classmethod
-    def from_args(cls, args: Any, world_size: int, flags: LayoutFlags = TRAINER_FLAGS) -> ParallelDims:
+    def from_args(
+        cls,
+        args: Any,
+        world_size: int,
+        flags: LayoutFlags = TRAINER_FLAGS,
+        *,
+        nnodes: int = 1,
+        nproc_per_node: int | None = None,
+        devices_per_node: int | None = None,
+    ) -> ParallelDims:
         """pretrain_gpt.py's flags (a Namespace, or args.json as a dict): virtual stages come from
-        --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank."""
+        --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank.
+        The placement (``nnodes``, ``nproc_per_node``, ``devices_per_node``) is optional: given, its
+        rules are checked too (migrate knows a script's launcher and the node's NPUs)."""
         tp, pp, cp = (
             int(arg_value(args, k, 1))
             for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
@@ -156,7 +167,19 @@ class ParallelDims:
         etp = arg_value(args, "expert_tensor_parallel_size")
         experts = arg_value(args, "num_experts")
         return cls(
-            world_size, tp, pp, cp, ep, vpp, num_layers=num_layers, flags=flags, etp=etp, num_experts=experts or 0
+            world_size,
+            tp,
+            pp,
+            cp,
+            ep,
+            vpp,
+            nnodes,
+            nproc_per_node,
+            devices_per_node,
+            num_layers,
+            flags,
+            etp,
+            experts or 0,
         )
 
     # ---- rules --------------------------------------------------------------------------------
@@ -245,10 +268,60 @@ class ParallelDims:
     def check_seq_length(self, seq_length: int, sequence_parallel: bool) -> None:
         """CP splits the sequence; sequence parallelism splits it again over TP."""
         f = self.flags
-        if seq_length % self.cp:
-            raise LayoutError(f"--seq-length {seq_length} is not divisible by {f.cp} {self.cp}")
+        if self.cp > 1 and seq_length % (2 * self.cp):
+            # megatron-core's get_batch_on_this_cp_rank: 2 x CP chunks, two per rank (causal load balance)
+            raise LayoutError(f"--seq-length {seq_length} is not divisible by 2 x {f.cp} {self.cp} = {2 * self.cp}")
         if sequence_parallel and self.tp > 1 and seq_length % self.tp:
             raise LayoutError(f"--sequence-parallel needs --seq-length {seq_length} divisible by {f.tp} {self.tp}")
+
+    def check_context_parallel(
+        self,
+        comm_types: list[str],
+        hierarchical_sizes: list[int] | None,
+        heads: int,
+        query_groups: int,
+        num_layers: int | None = None,
+    ) -> None:
+        """--cp-comm-type (one, or one per layer) and --hierarchical-context-parallel-sizes: the
+        all-to-all splits each TP rank's heads and query groups over its ranks (CP for a2a, the first
+        hierarchical size for a2a+p2p); the hierarchical sizes (a2a, p2p) multiply to CP."""
+        f = self.flags
+        known = ("p2p", "a2a", "a2a+p2p")
+        unknown = sorted(set(comm_types) - set(known))
+        if unknown:
+            raise LayoutError(f"--cp-comm-type {' '.join(unknown)}: without Transformer Engine use {', '.join(known)}")
+        if num_layers is not None and len(comm_types) not in (1, num_layers):
+            raise LayoutError(
+                f"--cp-comm-type gives {len(comm_types)} types: give one, or one per layer ({f.num_layers} {num_layers})"
+            )
+        if hierarchical_sizes is not None:
+            product = 1
+            for size in hierarchical_sizes:
+                product *= size
+            if len(hierarchical_sizes) != 2 or product != self.cp:
+                raise LayoutError(
+                    f"--hierarchical-context-parallel-sizes {' '.join(map(str, hierarchical_sizes))} must be two sizes "
+                    f"(a2a, p2p) whose product is {f.cp} {self.cp}"
+                )
+        if self.cp == 1:
+            return
+        if "a2a+p2p" in comm_types and hierarchical_sizes is None:
+            raise LayoutError("--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A P (A x P = CP)")
+        for comm_type, a2a in (("a2a", self.cp), ("a2a+p2p", (hierarchical_sizes or [1])[0])):
+            if comm_type in comm_types:
+                self._check_a2a_heads(comm_type, a2a, heads, query_groups)
+
+    def _check_a2a_heads(self, comm_type: str, a2a: int, heads: int, query_groups: int) -> None:
+        f = self.flags
+        heads_per_rank = heads // self.tp
+        # megatron-core's attention keeps one query group per TP rank when there are fewer groups than ranks
+        groups_per_rank = max(query_groups // self.tp, 1)
+        if heads_per_rank % a2a or groups_per_rank % a2a:
+            raise LayoutError(
+                f"--cp-comm-type {comm_type}: the all-to-all over {a2a} ranks splits each TP rank's attention heads "
+                f"({heads_per_rank}) and query groups ({groups_per_rank}); both must be divisible by {a2a}: change "
+                f"--num-attention-heads / --num-query-groups / {f.tp}, or use --cp-comm-type p2p"
+            )
 
     def microbatches(self, global_batch_size: int, micro_batch_size: int, flag: str | None = None) -> int:
         """Micro-batches per step; the global batch must split evenly over micro batch x DP."""
@@ -261,6 +334,31 @@ class ParallelDims:
                 f"PP {self.pp} x CP {self.cp})) = {per_step}"
             )
         return global_batch_size // per_step
+
+    def check_global_batch(
+        self, global_batch_size: int, micro_batch_size: int, group_size: int | None = None, flag: str | None = None
+    ) -> int:
+        """Micro-batches per step of a global batch, with the interleaved schedule's rules
+        (Megatron-LM's validate_args): its micro-batches go in groups of ``group_size``
+        (--microbatch-group-size-per-virtual-pipeline-stage, default PP)."""
+        flag = flag or self.flags.global_batch_size
+        m = self.microbatches(global_batch_size, micro_batch_size, flag)
+        if self.vpp is None:
+            return m
+        n = self.pp if group_size is None else group_size
+        if n > m or n < self.pp:
+            raise LayoutError(
+                f"interleaved pipeline schedule: {flag} {global_batch_size} gives {m} micro-batches per step, but "
+                f"--microbatch-group-size-per-virtual-pipeline-stage {n} must lie in [PP={self.pp}, M={m}]; "
+                "raise --global-batch-size or lower --micro-batch-size"
+            )
+        if 0 < m % n < self.pp:
+            raise LayoutError(
+                f"interleaved pipeline schedule: {m} micro-batches per step ({flag} {global_batch_size}) leave a "
+                f"remainder of {m % n} when grouped by --microbatch-group-size-per-virtual-pipeline-stage {n}; it "
+                f"must be 0 or >= {self.flags.pp} {self.pp}"
+            )
+        return m
 
     # ---- derived sizes ------------------------------------------------------------------------
     @property

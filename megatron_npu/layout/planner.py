@@ -40,7 +40,7 @@ all-to-all on ep (``expert_all_to_all_bytes``) and each micro-batch's token coun
 gathered over expert TP x EP (tp_ep, int64); the trainer's MoE loss report reduces megatron-core's
 [num_layers] tracker per loss over pp, then tp_cp and dp for the balancing losses of a stage with
 MoE layers. All checked byte for byte per group against a dropless top-2 EP2 x DP2 run
-(tests/test_moe.py). Modelled but unchecked: the aux loss's token-count all-reduce over TP x CP > 1.
+(tests/training/test_moe.py). Modelled but unchecked: the aux loss's token-count all-reduce over TP x CP > 1.
 Not modelled: the expert-TP gathers of the dispatcher (expert TP > 1), the MoE layers' TP traffic
 (counted as a dense MLP's), global_aux_loss, the allgather dispatcher.
 
@@ -52,18 +52,16 @@ with and without the distributed optimizer, TP2, TP2 + SP + distributed optimize
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from megatron_npu.accelerator.facts import PLANNING_FACTS
+from megatron_npu.layout.buckets import bucket_layout
 from megatron_npu.layout.model_shape import ModelShape, pad_vocab_size
-from megatron_npu.layout.moe import moe_freq_type, moe_layer_pattern
+from megatron_npu.layout.moe import moe_layer_pattern
 from megatron_npu.layout.parallel_dims import ParallelDims
-from megatron_npu.layout.rankmap import LayoutError, RankMap, add_layout_args, build_rank_map
+from megatron_npu.layout.rankmap import RankMap
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # Assumed link bandwidths: facts of the target (megatron_npu/accelerator/facts.py); measure
@@ -427,38 +425,7 @@ def _buckets(
     params: list[tuple[str, int]], dp: int, dist_opt: bool, bucket_size: int | None, shared: set[str]
 ) -> list[int]:
     """Padded bucket sizes (elements): megatron-core _ParamAndGradBuffer's rules."""
-
-    def pad(n: int, d: int) -> int:
-        return math.ceil(n / d) * d
-
-    divisor = math.lcm(dp, 128)
-    buckets: list[int] = []
-    start = bucket_start = 0
-    count = 0
-    end = 0
-
-    def close(param_end: int) -> int:
-        nonlocal bucket_start, count
-        bucket_end = pad(param_end, divisor) if dist_opt else param_end
-        buckets.append(bucket_end - bucket_start)
-        bucket_start, count = bucket_end, 0
-        return bucket_end
-
-    for name, numel in reversed(params):
-        if dist_opt:
-            start = pad(start, 64)
-        own = dist_opt and name in shared
-        if own and count:
-            start = close(start)
-        end = start + numel
-        count += 1
-        if (bucket_size is not None and end - bucket_start >= bucket_size) or own:
-            start = close(end)
-        else:
-            start = end
-    if count:
-        close(end)
-    return buckets
+    return [b.end - b.start for b in bucket_layout(params, dp, dist_opt, bucket_size, shared)]
 
 
 def plan(
@@ -633,7 +600,7 @@ def _plan_moe(
     add: Callable[..., None],
     layout: RankMap,
 ) -> None:
-    """One rank's MoE collectives (megatron-core 0.16.1, checked on an EP2 x DP2 run: tests/test_moe.py)."""
+    """One rank's MoE collectives (megatron-core 0.16.1, checked on an EP2 x DP2 run: tests/training/test_moe.py)."""
     pb, gb, sp = DTYPE_BYTES[model.params_dtype], model.grad_bytes(), par.sequence_parallel and dims.tp > 1
     calls = moe_here * mbs
     if dims.ep > 1 and model.moe_token_dispatcher_type == "alltoall":
@@ -687,112 +654,8 @@ def _plan_moe(
             add("dp", "all_reduce", f"MoE tracker {name} (avg)", 1, tracker, dg, layout.spans_nodes(dg))
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    for name, default in (
-        ("num-layers", 40),
-        ("hidden-size", 5120),
-        ("num-attention-heads", 40),
-        ("seq-length", 4096),
-        ("micro-batch-size", 1),
-        ("global-batch-size", 64),
-        ("vocab-size", 50257),
-    ):
-        p.add_argument(f"--{name}", type=int, default=default)
-    for name in ("ffn-hidden-size", "num-query-groups", "kv-channels", "max-position-embeddings"):
-        p.add_argument(f"--{name}", type=int, default=None)
-    p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    p.add_argument("--swiglu", action="store_true")
-    p.add_argument("--untie-embeddings-and-output-weights", action="store_true")
-    p.add_argument("--disable-bias-linear", action="store_true")
-    p.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
-    p.add_argument("--position-embedding-type", choices=("learned_absolute", "rope"), default="learned_absolute")
-    p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bf16", help="params dtype (--bf16/--fp16)")
-    p.add_argument(
-        "--grad-reduce-in-bf16", action="store_true", help="reduce grads in the param dtype (default fp32 for bf16)"
-    )
-    p.add_argument("--moe-router-topk", type=int, default=2)
-    p.add_argument("--moe-layer-freq", type=moe_freq_type, default=1)
-    p.add_argument("--sequence-parallel", action="store_true")
-    p.add_argument("--use-distributed-optimizer", action="store_true")
-    p.add_argument("--overlap-grad-reduce", action="store_true")
-    p.add_argument("--clip-grad", type=float, default=1.0)
-    p.add_argument("--calculate-per-token-loss", action="store_true")
-    p.add_argument(
-        "--recompute-granularity",
-        choices=("full", "selective"),
-        default=None,
-        help="full repeats each layer's forward TP traffic (all layers assumed); selective adds none",
-    )
-
-
-def specs_from_args(a: argparse.Namespace) -> tuple[ModelSpec, ParallelSpec]:
-    # one ModelShape: the ffn default follows --swiglu as the trainer's does
-    model = ModelSpec.from_shape(
-        ModelShape.from_args(a),
-        seq_length=a.seq_length,
-        micro_batch_size=a.micro_batch_size,
-        global_batch_size=a.global_batch_size,
-        untie_embeddings_and_output_weights=a.untie_embeddings_and_output_weights,
-        add_bias_linear=not a.disable_bias_linear,
-        normalization=a.normalization,
-        position_embedding_type=a.position_embedding_type,
-        max_position_embeddings=a.max_position_embeddings,
-        params_dtype=a.dtype,
-        grad_reduce_in_fp32=False if a.grad_reduce_in_bf16 else None,
-        num_experts=a.num_experts,
-        moe_router_topk=a.moe_router_topk,
-        moe_layer_freq=a.moe_layer_freq,
-    )
-    par = ParallelSpec(
-        sequence_parallel=a.sequence_parallel,
-        use_distributed_optimizer=a.use_distributed_optimizer,
-        overlap_grad_reduce=a.overlap_grad_reduce,
-        clip_grad=a.clip_grad,
-        recompute_full=a.recompute_granularity == "full",
-        per_token_loss=a.calculate_per_token_loss,
-    )
-    return model, par
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="megatron-npu plan", description=__doc__.splitlines()[0])
-    add_layout_args(p)
-    add_model_args(p)
-    p.add_argument(
-        "--intra-gbps",
-        type=float,
-        default=HCCS_GBPS,
-        help=f"GB/s inside a node (ASSUMED {HCCS_GBPS}, {PLANNING_FACTS.intra_node_link})",
-    )
-    p.add_argument(
-        "--inter-gbps",
-        type=float,
-        default=ROCE_GBPS,
-        help=f"GB/s between nodes (ASSUMED {ROCE_GBPS}, {PLANNING_FACTS.inter_node_link})",
-    )
-    p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
-    try:
-        rmap = build_rank_map(
-            tp=a.tp,
-            pp=a.pp,
-            cp=a.cp,
-            ep=a.ep,
-            vpp=a.vpp,
-            nnodes=a.nnodes,
-            nproc_per_node=a.nproc_per_node,
-            hosts=a.hosts.split(",") if a.hosts else None,
-            etp=a.etp,
-            num_experts=a.num_experts,
-        )
-        model, par = specs_from_args(a)
-        result = plan(model, rmap, par, a.intra_gbps, a.inter_gbps)
-    except LayoutError as exc:
-        print(f"plan: error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(result.to_json()) if a.json else result.table())
-    return 0
+    """``megatron-npu plan`` (megatron_npu/layout/plan_cli.py)."""
+    from megatron_npu.layout.plan_cli import main as plan_main
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return plan_main(argv)

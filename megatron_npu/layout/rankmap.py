@@ -2,7 +2,8 @@
 
 Groups come from megatron-core's own ``parallel_state.RankGenerator`` with the order
 ``initialize_model_parallel`` uses, so the map cannot drift from what the trainer builds.
-Placement is torchrun's: node = rank // nproc_per_node, local rank = device id.
+Placement is torchrun's: node = rank // nproc_per_node, local rank = device id; a run that
+already ran (``rank_map_from_run``) brings its own placement, layout.json's ``node`` field.
 """
 
 from __future__ import annotations
@@ -10,13 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from megatron_npu.layout.parallel_dims import LayoutError, ParallelDims
 
-__all__ = ["LayoutError", "ParallelDims", "RankEntry", "RankMap", "build_rank_map"]
+__all__ = ["LayoutError", "ParallelDims", "RankEntry", "RankMap", "build_rank_map", "rank_map_from_run"]
 
 ORDER = "tp-cp-ep-dp-pp"  # initialize_model_parallel's default order
+#: the groups every rank records in LOG_DIR/layout.json (training/initialize.py:layout_record)
+RECORDED_GROUPS = ("tp", "pp", "dp", "cp")
 
 
 @dataclass
@@ -34,30 +39,65 @@ class RankEntry:
 
 @dataclass
 class RankMap:
-    world_size: int
-    nnodes: int
-    nproc_per_node: int
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    dp: int
-    vpp: int | None
+    """A validated layout (``dims``, the one holder of the degrees) placed on nodes: one entry
+    per rank, in rank order, with the node it runs on, and every group the trainer builds."""
+
+    dims: ParallelDims
     ranks: list[RankEntry]
     groups: dict[str, list[list[int]]]
     hosts: list[str] | None = field(default=None)
-    etp: int | None = None  # expert tensor parallel; None: TP
-    num_experts: int | None = None
 
-    def node_of(self, rank: int) -> int:
-        return rank // self.nproc_per_node
+    # ---- the degrees, read from dims ----------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.dims.world_size
 
     @property
-    def dims(self) -> ParallelDims:
-        """The layout without the placement (validated again: cheap, and a hand-built map gets checked)."""
-        return ParallelDims(
-            self.world_size, self.tp, self.pp, self.cp, self.ep, self.vpp, etp=self.etp, num_experts=self.num_experts
-        )
+    def tp(self) -> int:
+        return self.dims.tp
+
+    @property
+    def pp(self) -> int:
+        return self.dims.pp
+
+    @property
+    def cp(self) -> int:
+        return self.dims.cp
+
+    @property
+    def ep(self) -> int:
+        return self.dims.ep
+
+    @property
+    def dp(self) -> int:
+        return self.dims.dp
+
+    @property
+    def vpp(self) -> int | None:
+        return self.dims.vpp
+
+    @property
+    def etp(self) -> int | None:
+        return self.dims.etp
+
+    @property
+    def num_experts(self) -> int | None:
+        return self.dims.num_experts
+
+    # ---- the placement, read from the entries -------------------------------------------------
+    @property
+    def nnodes(self) -> int:
+        return len({e.node for e in self.ranks})
+
+    @property
+    def nproc_per_node(self) -> int:
+        per_node: dict[int, int] = {}
+        for e in self.ranks:
+            per_node[e.node] = per_node.get(e.node, 0) + 1
+        return max(per_node.values())
+
+    def node_of(self, rank: int) -> int:
+        return self.ranks[rank].node
 
     def spans_nodes(self, group: list[int]) -> bool:
         return len({self.node_of(r) for r in group}) > 1
@@ -67,7 +107,7 @@ class RankMap:
         return {
             "world_size": self.world_size,
             "ranks": [{k: asdict(e)[k] for k in keys} for e in self.ranks],
-            "groups": {k: self.groups[k] for k in ("tp", "pp", "dp", "cp")},
+            "groups": {k: self.groups[k] for k in RECORDED_GROUPS},
         }
 
 
@@ -91,6 +131,43 @@ def expert_groups(dims: ParallelDims) -> dict[str, list[list[int]]]:
     }
 
 
+def layout_groups(dims: ParallelDims) -> dict[str, list[list[int]]]:
+    """Every group the trainer builds for a layout, by the same two generators
+    initialize_model_parallel uses (expert TP defaults to TP): the one place groups are derived."""
+    from megatron.core.parallel_state import RankGenerator, default_embedding_ranks
+
+    gen = RankGenerator(tp=dims.tp, ep=1, dp=dims.dp, pp=dims.pp, cp=dims.cp, order=ORDER)
+    groups = {name: gen.get_ranks(name) for name in RECORDED_GROUPS}
+    groups["mp"] = gen.get_ranks("tp-pp")  # model-parallel group (grad-norm all-reduce)
+    groups["dp_cp"] = gen.get_ranks("dp-cp")  # DDP's gradient-reduction group
+    groups["embd"] = [default_embedding_ranks(g) for g in groups["pp"]]
+    groups.update(expert_groups(dims))
+    return groups
+
+
+def _index_in(groups: dict[str, list[list[int]]], name: str, rank: int) -> int:
+    for group in groups[name]:
+        if rank in group:
+            return group.index(rank)
+    raise AssertionError(f"rank {rank} in no {name} group")
+
+
+def _entry(groups: dict[str, list[list[int]]], rank: int, node: int, local_rank: int, host: str | None) -> RankEntry:
+    """One rank's place in every group (its index in the group: megatron-core's group rank)."""
+    index = {name: _index_in(groups, name, rank) for name in ("tp", "pp", "dp", "cp", "ep")}
+    return RankEntry(
+        rank=rank,
+        node=node,
+        local_rank=local_rank,
+        tp_rank=index["tp"],
+        pp_rank=index["pp"],
+        dp_rank=index["dp"],
+        cp_rank=index["cp"],
+        ep_rank=index["ep"],
+        host=host,
+    )
+
+
 def build_rank_map(
     world_size: int | None = None,
     tp: int = 1,
@@ -106,6 +183,7 @@ def build_rank_map(
     etp: int | None = None,
     num_experts: int | None = None,
 ) -> RankMap:
+    """A launch's map: torchrun's placement (node = rank // nproc_per_node) of a checked layout."""
     dims = ParallelDims.for_launch(
         world_size,
         tp,
@@ -119,44 +197,50 @@ def build_rank_map(
         etp=etp,
         num_experts=num_experts,
     )
-    world, nnodes, nproc, dp = dims.world_size, dims.nnodes, dims.nproc_per_node or dims.world_size, dims.dp
-    if hosts is not None and len(hosts) != nnodes:
-        raise LayoutError(f"--hosts lists {len(hosts)} hosts but --nnodes is {nnodes}")
-    from megatron.core.parallel_state import RankGenerator, default_embedding_ranks
-
-    # the same two generators initialize_model_parallel builds (expert TP defaults to TP)
-    gen = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=ORDER)
-    groups = {name: gen.get_ranks(name) for name in ("tp", "pp", "dp", "cp")}
-    groups["mp"] = gen.get_ranks("tp-pp")  # model-parallel group (grad-norm all-reduce)
-    groups["dp_cp"] = gen.get_ranks("dp-cp")  # DDP's gradient-reduction group
-    groups["embd"] = [default_embedding_ranks(g) for g in groups["pp"]]
-    groups.update(expert_groups(dims))
-
-    def index_in(name: str, rank: int) -> int:
-        for group in groups[name]:
-            if rank in group:
-                return group.index(rank)
-        raise AssertionError(f"rank {rank} in no {name} group")
-
+    nproc = dims.nproc_per_node or dims.world_size
+    if hosts is not None and len(hosts) != dims.nnodes:
+        raise LayoutError(f"--hosts lists {len(hosts)} hosts but --nnodes is {dims.nnodes}")
+    groups = layout_groups(dims)
     ranks = [
-        RankEntry(
-            rank=r,
-            node=r // nproc,
-            local_rank=r % nproc,
-            tp_rank=index_in("tp", r),
-            pp_rank=index_in("pp", r),
-            dp_rank=index_in("dp", r),
-            cp_rank=index_in("cp", r),
-            ep_rank=index_in("ep", r),
-            host=hosts[r // nproc] if hosts else None,
-        )
-        for r in range(world)
+        _entry(groups, r, r // nproc, r % nproc, hosts[r // nproc] if hosts else None) for r in range(dims.world_size)
     ]
-    rmap = RankMap(world, nnodes, nproc, tp, pp, cp, ep, dp, vpp, ranks, groups, hosts, etp, num_experts)
+    rmap = RankMap(dims, ranks, groups, hosts)
     bad = [g for g in groups["tp"] if rmap.spans_nodes(g)]
     if bad:  # cannot happen when tp | nproc; guards against a change of megatron's order
         raise LayoutError(f"TP group {bad[0]} spans nodes; TP must stay on one node")
     return rmap
+
+
+def rank_map_from_run(args: Mapping[str, Any], layout: Mapping[str, Any]) -> RankMap:
+    """The layout a run ran with, from its LOG_DIR/args.json and layout.json (as dicts).
+
+    The degrees come from args.json through ``ParallelDims.from_args`` (no placement rule: the run
+    ran), the placement from layout.json's ``node`` per rank (torchrun's GROUP_RANK, where each rank
+    really ran), the groups from ``layout_groups``; the groups layout.json recorded must be those,
+    so a map rebuilt here is the one the trainer built. Raises LayoutError naming the file to fix.
+    """
+    try:
+        entries = sorted(layout["ranks"], key=lambda e: int(e["rank"]))
+        placement = {int(e["rank"]): (int(e["node"]), int(e.get("local_rank", 0)), e.get("host")) for e in entries}
+        recorded = {k: sorted(sorted(int(r) for r in g) for g in layout["groups"][k]) for k in RECORDED_GROUPS}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LayoutError(f"layout.json lacks {exc}") from None
+    world = int(layout.get("world_size") or len(entries))
+    if sorted(placement) != list(range(world)):
+        raise LayoutError(f"layout.json lists ranks {sorted(placement)}, not 0..{world - 1}")
+    try:
+        dims = ParallelDims.from_args(args, world)
+    except (TypeError, ValueError) as exc:  # LayoutError included
+        raise LayoutError(f"args.json: {exc}") from None
+    groups = layout_groups(dims)
+    for name, built in recorded.items():
+        if built != sorted(sorted(g) for g in groups[name]):
+            raise LayoutError(
+                f"layout.json's {name} groups {built} are not the ones args.json's layout builds "
+                f"({sorted(sorted(g) for g in groups[name])}): the two files are from different runs"
+            )
+    ranks = [_entry(groups, r, *placement[r]) for r in range(world)]
+    return RankMap(dims, ranks, groups)
 
 
 def crossings(rmap: RankMap) -> dict[str, list]:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from .bash_parse import ScanState, ends_heredoc, heredoc_end, split_comment
-from .rules import ENTRY_RULE, ENV_RULES, HEADER_RULE, KEEP_ENTRY_RULE, NPU_DIR_RULE, Rule, env_rule, flag_rule
+from .rules import ENTRY_RULE, HEADER_RULE, KEEP_ENTRY_RULE, NPU_DIR_RULE, Rule, env_rule, flag_rule
 
 TAG = "megatron-npu migrate"
 
@@ -217,11 +217,10 @@ def rewrite_entry(code: str, lineno: int, res: Result) -> str:
 
 
 def _added_block(text: str, npu_dir: str, needs_dir: bool) -> list[tuple[str, Rule]]:
+    """What the script gets that it did not set: MEGATRON_NPU_DIR when the entry point moved to it.
+    No HCCL timeout: the trainer derives them from --distributed-timeout-minutes where unset."""
     code = "\n".join(split_comment(line, ScanState())[0] for line in text.splitlines())
     block: list[tuple[str, Rule]] = []
-    for rule in (r for r in ENV_RULES if r.action == "add"):
-        if not re.search(rf"\b{rule.match}\b", code):
-            block.append((f"export {rule.match}=${{{rule.match}:-{rule.to}}}", rule))
     if needs_dir and not re.search(r"(?:^|[\s;])(?:export\s+)?MEGATRON_NPU_DIR=", code, re.M):
         block.append((f"MEGATRON_NPU_DIR=${{MEGATRON_NPU_DIR:-{npu_dir}}}", NPU_DIR_RULE))
     return block

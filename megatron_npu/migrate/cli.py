@@ -39,7 +39,9 @@ _PARALLEL = {
     "pp": ("--pipeline-model-parallel-size", "pipeline_model_parallel_size"),
     "cp": ("--context-parallel-size", "context_parallel_size"),
     "ep": ("--expert-model-parallel-size", "expert_model_parallel_size"),
-    "vpp": ("--virtual-pipeline-model-parallel-size", "virtual_pipeline_model_parallel_size"),
+    "etp": ("--expert-tensor-parallel-size", "expert_tensor_parallel_size"),
+    "num_experts": ("--num-experts", "num_experts"),
+    "vpp": ("--num-virtual-stages-per-pipeline-rank", "num_virtual_stages_per_pipeline_rank"),
     "layers_per_vstage": ("--num-layers-per-virtual-pipeline-stage", "num_layers_per_virtual_pipeline_stage"),
     "num_layers": ("--num-layers", "num_layers"),
 }
@@ -132,7 +134,8 @@ def flag_values(args: list[str]) -> dict[str, str]:
 def check_layout(
     settings: dict[str, Any], nnodes: Any, nproc: Any, npus_per_node: int, report: Report, line: int | None
 ) -> None:
-    """TP/PP/CP/EP against the launcher's ranks and the node's NPUs (ParallelDims' rules)."""
+    """TP/PP/CP/EP against the launcher's ranks and the node's NPUs: the trainer's own reading of the
+    flags (ParallelDims.from_args, virtual stages included) with the launch's placement rules."""
     par = {k: _int(v) for k, v in settings.items()}
     raw = {k: v for k, v in settings.items() if v is not None}
     for key, value in raw.items():
@@ -140,11 +143,34 @@ def check_layout(
             report.result.unsupported.append(Finding(line, f"{key}={value}", "not a literal: layout check skipped"))
             report.checks["layout"] = "skipped (unresolved values)"
             return
-    tp, pp, cp, ep = (par.get(k) or 1 for k in ("tp", "pp", "cp", "ep"))
-    num_layers = par.get("num_layers")
-    vpp = par.get("vpp")
-    if vpp is None and par.get("layers_per_vstage") and num_layers:
-        vpp = num_layers // pp // par["layers_per_vstage"]
+    n_nodes, n_proc = _launch_size(nnodes, nproc, npus_per_node, report, line)
+    report.layout = {
+        **{k: par.get(k) or 1 for k in ("tp", "pp", "cp", "ep")},
+        "vpp": par.get("vpp"),
+        "nnodes": n_nodes,
+        "nproc_per_node": n_proc,
+        "npus_per_node": npus_per_node,
+        "world_size": n_nodes * n_proc,
+    }
+    given = {dest: par[key] for key, (_, dest) in _PARALLEL.items() if par.get(key) is not None}
+    flags = replace(TRAINER_FLAGS, devices_per_node="--npus-per-node")
+    try:  # one ParallelDims: launcher vs the node's devices, TP in a node, world, EP, VPP, layers
+        if n_nodes < 1 or n_proc < 1:
+            raise LayoutError("--nnodes and --nproc-per-node must be >= 1")
+        dims = ParallelDims.from_args(
+            given, n_nodes * n_proc, flags, nnodes=n_nodes, nproc_per_node=n_proc, devices_per_node=npus_per_node
+        )
+    except LayoutError as exc:
+        report.errors.append(Finding(line, "parallel layout", str(exc), "layout"))
+        report.checks["layout"] = f"failed: {exc}"
+        return
+    report.layout["vpp"] = dims.vpp
+    report.layout["dp"] = dims.dp
+    report.checks["layout"] = "ok"
+
+
+def _launch_size(nnodes: Any, nproc: Any, npus_per_node: int, report: Report, line: int | None) -> tuple[int, int]:
+    """The launcher's node count and ranks per node; unresolvable values assumed, with a warning."""
     n_nodes, n_proc = _int(nnodes), _int(nproc)
     if n_proc is None:
         if nproc is not None:
@@ -156,41 +182,7 @@ def check_layout(
         if nnodes is not None:
             report.result.unsupported.append(Finding(line, f"nnodes={nnodes}", "not resolvable; assuming 1"))
         n_nodes = 1
-    report.layout = {
-        "tp": tp,
-        "pp": pp,
-        "cp": cp,
-        "ep": ep,
-        "vpp": vpp,
-        "nnodes": n_nodes,
-        "nproc_per_node": n_proc,
-        "npus_per_node": npus_per_node,
-        "world_size": n_nodes * n_proc,
-    }
-    vpp_flag = _PARALLEL["vpp" if par.get("vpp") is not None else "layers_per_vstage"][0]
-    flags = replace(TRAINER_FLAGS, vpp=vpp_flag, devices_per_node="--npus-per-node")
-    problem = None
-    try:  # one ParallelDims: launcher vs the node's devices, TP in a node, world, EP, VPP, layers
-        dims = ParallelDims.for_launch(
-            tp=tp,
-            pp=pp,
-            cp=cp,
-            ep=ep,
-            vpp=None if vpp == 1 else vpp,
-            nnodes=n_nodes,
-            nproc_per_node=n_proc,
-            devices_per_node=npus_per_node,
-            num_layers=num_layers,
-            flags=flags,
-        )
-        report.layout["dp"] = dims.dp
-    except LayoutError as exc:
-        problem = str(exc)
-    if problem:
-        report.errors.append(Finding(line, "parallel layout", problem, "layout"))
-        report.checks["layout"] = "failed: " + problem
-    else:
-        report.checks["layout"] = "ok"
+    return n_nodes, n_proc
 
 
 def check_flags(args: list[str], line: int | None, world_size: int | None, report: Report, already: set[str]) -> None:
@@ -237,7 +229,7 @@ def migrate_text(
     keep_entry_point: bool = False,
 ) -> Report:
     if kind == "yaml":
-        from .yamlcfg import flatten, migrate_yaml
+        from .yamlcfg import migrate_yaml
 
         err = yaml_syntax(text)
         if err:
@@ -254,73 +246,88 @@ def migrate_text(
     if err:
         report.errors.append(Finding(None, "syntax", f"the migrated file does not parse: {err}", "syntax"))
     if kind == "yaml":
-        import yaml
-
-        flat = flatten(yaml.safe_load(result.text))
-        # a YAML config does not say how many nodes run it: only check that TP fits in a node
-        check_layout({"tp": flat.get("tensor_model_parallel_size")}, 1, npus_per_node, npus_per_node, report, None)
-        report.layout = {
-            "tp": report.layout.get("tp"),
-            "pp": flat.get("pipeline_model_parallel_size"),
-            "npus_per_node": npus_per_node,
-            "world_size": None,
-        }
-        if not result.refused:
-            with tempfile.TemporaryDirectory() as tmp:
-                cfg = Path(tmp, "config.yaml")
-                cfg.write_text(result.text, encoding="utf-8")
-                # the smallest world that runs the layout (DP=1): a YAML file names no node count
-                world = 1
-                for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
-                    world *= _int(flat.get(key)) or 1
-                check_flags(["--yaml-cfg", str(cfg)], None, world, report, set())
-            for f in result.unsupported:  # name the input, not the temporary copy
-                f.reason = f.reason.replace(str(cfg), name)
-            report.checks["flags"] = report.checks["flags"].replace(str(cfg), name)
+        _check_yaml(report, npus_per_node, name)
     else:
-        launch = find_launch(result.text)
-        if launch is None:
-            result.unsupported.append(
-                Finding(None, "launch", "no command running pretrain_gpt.py was found: layout and flag checks skipped")
-            )
-            report.checks["layout"] = report.checks["flags"] = "skipped (no launch command)"
-        else:
-            values = flag_values(launch.args)
-            settings = {k: values.get(flag) for k, (flag, _) in _PARALLEL.items()}
-            if launch.kind == "torchrun":
-                nproc = launch.launcher_value("--nproc_per_node", "--nproc-per-node") or "1"
-                nnodes = launch.launcher_value("--nnodes") or "1"
-                check_layout(settings, nnodes, nproc, npus_per_node, report, launch.line)
-                if "torch.distributed.launch" in launch.launcher:
-                    result.notes.append(
-                        Finding(
-                            launch.line,
-                            "python -m torch.distributed.launch",
-                            "kept: deprecated by PyTorch in favour of torchrun; it passes "
-                            "--local-rank, which pretrain_gpt.py accepts",
-                        )
-                    )
-            elif launch.kind == "python":
-                check_layout(settings, 1, 1, npus_per_node, report, launch.line)
-            else:  # srun, mpirun, ...: the rank count is not in the script's literals
-                check_layout({"tp": settings["tp"]}, 1, npus_per_node, npus_per_node, report, launch.line)
-                report.checks["layout"] += f" (TP only: {launch.launcher[0]} launcher, world size unknown)"
-                report.layout["world_size"] = None
-            refused = {f.item.split()[0] for f in result.refused}
-            world = report.layout.get("world_size")
-            if world is None:  # unknown: the smallest world that runs the layout (DP=1)
-                world = 1
-                for key in ("tp", "pp", "cp"):
-                    world *= _int(settings.get(key)) or 1
-            if keep_entry_point:  # the user's Megatron-LM parses its own flags; this trainer's parser does not apply
-                report.checks["flags"] = "skipped (--keep-entry-point: Megatron-LM validates its own flags)"
-            else:
-                check_flags(launch.args, launch.line, world, report, refused)
+        _check_bash(report, npus_per_node, keep_entry_point)
     if result.refused or (report.errors and not force):
         report.verdict = "refused"
     elif result.unsupported or result.forced or report.errors:
         report.verdict = "ok-with-warnings"
     return report
+
+
+def _check_yaml(report: Report, npus_per_node: int, name: str) -> None:
+    """A migrated --yaml-cfg file: TP against a node, then the trainer's parser on the whole file."""
+    import yaml
+
+    from .yamlcfg import flatten
+
+    result = report.result
+    flat = flatten(yaml.safe_load(result.text))
+    # a YAML config does not say how many nodes run it: only check that TP fits in a node
+    check_layout({"tp": flat.get("tensor_model_parallel_size")}, 1, npus_per_node, npus_per_node, report, None)
+    report.layout = {
+        "tp": report.layout.get("tp"),
+        "pp": flat.get("pipeline_model_parallel_size"),
+        "npus_per_node": npus_per_node,
+        "world_size": None,
+    }
+    if result.refused:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp, "config.yaml")
+        cfg.write_text(result.text, encoding="utf-8")
+        # the smallest world that runs the layout (DP=1): a YAML file names no node count
+        world = 1
+        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+            world *= _int(flat.get(key)) or 1
+        check_flags(["--yaml-cfg", str(cfg)], None, world, report, set())
+    for f in result.unsupported:  # name the input, not the temporary copy
+        f.reason = f.reason.replace(str(cfg), name)
+    report.checks["flags"] = report.checks["flags"].replace(str(cfg), name)
+
+
+def _check_bash(report: Report, npus_per_node: int, keep_entry_point: bool) -> None:
+    """A migrated script's launch: the layout against its launcher, then the trainer's parser."""
+    result = report.result
+    launch = find_launch(result.text)
+    if launch is None:
+        result.unsupported.append(
+            Finding(None, "launch", "no command running pretrain_gpt.py was found: layout and flag checks skipped")
+        )
+        report.checks["layout"] = report.checks["flags"] = "skipped (no launch command)"
+        return
+    values = flag_values(launch.args)
+    settings = {k: values.get(flag) for k, (flag, _) in _PARALLEL.items()}
+    if launch.kind == "torchrun":
+        nproc = launch.launcher_value("--nproc_per_node", "--nproc-per-node") or "1"
+        nnodes = launch.launcher_value("--nnodes") or "1"
+        check_layout(settings, nnodes, nproc, npus_per_node, report, launch.line)
+        if "torch.distributed.launch" in launch.launcher:
+            result.notes.append(
+                Finding(
+                    launch.line,
+                    "python -m torch.distributed.launch",
+                    "kept: deprecated by PyTorch in favour of torchrun; it passes "
+                    "--local-rank, which pretrain_gpt.py accepts",
+                )
+            )
+    elif launch.kind == "python":
+        check_layout(settings, 1, 1, npus_per_node, report, launch.line)
+    else:  # srun, mpirun, ...: the rank count is not in the script's literals
+        check_layout({"tp": settings["tp"]}, 1, npus_per_node, npus_per_node, report, launch.line)
+        report.checks["layout"] += f" (TP only: {launch.launcher[0]} launcher, world size unknown)"
+        report.layout["world_size"] = None
+    refused = {f.item.split()[0] for f in result.refused}
+    world = report.layout.get("world_size")
+    if world is None:  # unknown: the smallest world that runs the layout (DP=1)
+        world = 1
+        for key in ("tp", "pp", "cp"):
+            world *= _int(settings.get(key)) or 1
+    if keep_entry_point:  # the user's Megatron-LM parses its own flags; this trainer's parser does not apply
+        report.checks["flags"] = "skipped (--keep-entry-point: Megatron-LM validates its own flags)"
+    else:
+        check_flags(launch.args, launch.line, world, report, refused)
 
 
 def default_output(path: str) -> str:

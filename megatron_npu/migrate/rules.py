@@ -13,7 +13,9 @@ Actions:
   convert  env: renamed and its value converted (NCCL_BUFFSIZE bytes -> HCCL_BUFFSIZE MB)
   comment  env: the assignment is commented out with the reason
   keep     kept unchanged, with a note saying what runs on NPU
-  add      env: added (with a ``${VAR:-default}`` default) when the script does not set it
+  add      entry: MEGATRON_NPU_DIR (with a ``${VAR:-default}`` default) and the header line,
+           added when the script does not set them (no HCCL timeout: the trainer derives those
+           from --distributed-timeout-minutes where the environment leaves them unset)
   value    flag: one value is replaced by another (``old=new``)
   remove   flag: removed with its value (YAML: set to false/null); a value pretrain_gpt.py
            accepts (``allowed``) stays
@@ -121,7 +123,7 @@ HEADER_RULE = next(r for r in RULES if r.name == "added-header")
 
 
 def env_rule(name: str) -> Rule | None:
-    return next((r for r in ENV_RULES if r.action != "add" and r.matches(name)), None)
+    return next((r for r in ENV_RULES if r.matches(name)), None)
 
 
 def flag_rule(flag: str, device_wide_only: bool = False) -> Rule | None:

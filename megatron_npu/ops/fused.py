@@ -21,6 +21,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
+def fused_rotary_serves(interleaved: bool) -> bool:
+    """Whether the device's RoPE kernel serves this layout: it rotates half-split channels only, so
+    --rotary-interleaved runs megatron's unfused math (decided here for the config and the patch)."""
+    return get_accelerator().has_fused_rotary and not interleaved
+
+
 def rotary(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     """RoPE on the first ``freqs.shape[-1]`` channels of ``t`` (half-split, not interleaved)."""
     rot_dim = freqs.shape[-1]

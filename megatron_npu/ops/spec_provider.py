@@ -4,7 +4,8 @@ As ``TESpecProvider`` hands Transformer Engine's modules to the spec builders, t
 provider hands out modules that call ``get_accelerator().fused_kernel(key)`` behind a
 neutral signature and run the torch math where the device has no kernel: the norm
 (fused RMSNorm, sequence-parallel capable), core attention (the fused flash attention
-when asked for with ``--use-flash-attn``) and the SwiGLU activation (megatron-core builds
+when asked for with ``--use-flash-attn``; with context parallelism ops/context_parallel.py's
+ring / all-to-all attention) and the SwiGLU activation (megatron-core builds
 a spec'd activation when ``config.use_te_activation_func`` is set; training/config.py
 sets it where the device has the kernel and ``--no-bias-swiglu-fusion`` is not given).
 Linear layers stay megatron-core's own, and so do an MoE layer's experts (SequentialMLP; its
@@ -35,8 +36,9 @@ from megatron_npu.ops.norm import SequenceParallelTorchNorm
 class DeviceSpecProvider(LocalSpecProvider):
     """megatron-core's local modules, with the accelerator's norm and attention kernels."""
 
-    def __init__(self, use_flash_attn: bool = False) -> None:
+    def __init__(self, use_flash_attn: bool = False, context_parallel: bool = False) -> None:
         self.use_flash_attn = use_flash_attn
+        self.context_parallel = context_parallel
 
     def layer_norm(self, rms_norm: bool = False, for_qk: bool = False) -> type:
         # LayerNorm or RMSNorm by config.normalization; RMSNorm on the device kernel where there is one.
@@ -47,6 +49,11 @@ class DeviceSpecProvider(LocalSpecProvider):
         return self.use_flash_attn and get_accelerator().fused_kernel("flash_attention") is not None
 
     def core_attention(self) -> type:
+        if self.context_parallel:
+            # CP > 1: megatron-core's local attention refuses it; ring / Ulysses on the device's blocks
+            from megatron_npu.ops.context_parallel import ContextParallelAttention
+
+            return ContextParallelAttention
         if self.fused_attention():
             from megatron_npu.ops.attention import FusedDotProductAttention
 

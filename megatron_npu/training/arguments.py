@@ -1,4 +1,4 @@
-"""Megatron-LM's GPT argument surface (core_r0.8 .. core_r0.12) for ``pretrain_gpt.py``.
+"""Megatron-LM's GPT argument surface (tag core_v0.16.1) for ``pretrain_gpt.py``.
 
 Same flag spellings and the same argparse ``dest`` names as Megatron-LM's
 ``megatron/training/arguments.py``, so an existing launch script runs unchanged and the
@@ -22,8 +22,18 @@ from collections.abc import Callable
 from typing import Any
 
 # The refused / ignored flags and the tokenizer types are the project's one policy table.
-from ..policy import IGNORED, REFUSED, TOKENIZER_TYPES, ConfigError, FlagPolicy, check_value, refusal_for
+from ..policy import (
+    IGNORED,
+    NO_EFFECT_ARGS,
+    REFUSED,
+    TOKENIZER_TYPES,
+    ConfigError,
+    FlagPolicy,
+    check_value,
+    refusal_for,
+)
 from .moe_args import add_moe_args
+from .settings import Settings
 from .validation import validate_args
 
 __all__ = [
@@ -446,6 +456,7 @@ def _add_distributed_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-distributed-optimizer-instances", type=int, default=1)
     g.add_argument("--context-parallel-size", type=int, default=1)
     g.add_argument("--cp-comm-type", nargs="+", type=str, default=["p2p"])
+    g.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
     g.add_argument("--use-tp-pp-dp-mapping", action="store_true", default=False)
     g.add_argument("--expert-model-parallel-size", type=int, default=1)
     g.add_argument("--num-experts", type=int, default=None)
@@ -550,45 +561,14 @@ def _add_misc_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_no_effect_args(p: argparse.ArgumentParser) -> None:
-    """Megatron-LM core_v0.16.1 flags accepted for compatibility with no effect here, with
-    upstream's actions and defaults (the policy's ignored rows say why; the trainer prints it once)."""
+    """Megatron-LM core_v0.16.1 flags accepted for compatibility with no effect here, each with
+    upstream's action and default: the policy's rows that name them (policy.NO_EFFECT_ARGS) say how
+    and why; the trainer prints the reason once."""
     g = p.add_argument_group(title="accepted without effect (Megatron-LM compatibility)")
-
-    def dest(flag: str) -> str:
-        return "no_effect_" + flag.lstrip("-").replace("-", "_")
-
-    for flag in (
-        "--no-one-logger",
-        "--disable-msc",
-        "--disable-clone-scatter-output-in-embedding",
-        "--disable-gloo-process-groups",
-        "--disable-ckpt-fully-parallel-save",
-        "--no-gradient-reduce-div-fusion",
-        "--no-use-tokenizer-model-from-checkpoint-args",
-        "--disable-use-tokenizer-model-from-checkpoint-args",
-    ):
-        g.add_argument(flag, action="store_false", dest=dest(flag))
-    for flag in (
-        "--one-logger-async",
-        "--disable-symmetric-registration",
-        "--create-all-gather-group",
-        "--exit-signal-handler-for-dataloader",
-        "--log-device-memory-used",
-        "--log-max-attention-logit",
-    ):
-        g.add_argument(flag, action="store_true", dest=dest(flag))
-    for flag, default in (
-        ("--one-logger-project", "megatron-lm"),
-        ("--one-logger-run-name", None),
-        ("--app-tag-run-name", None),
-        ("--app-tag-run-version", "0.0.0"),
-        ("--config-logger-dir", ""),
-    ):
-        g.add_argument(flag, type=str, default=default, dest=dest(flag))
-    g.add_argument("--log-memory-interval", type=int, default=None, dest=dest("--log-memory-interval"))
-    g.add_argument(
-        "--high-priority-stream-groups", type=str, nargs="*", default=[], dest=dest("--high-priority-stream-groups")
-    )
+    for row in NO_EFFECT_ARGS:
+        assert row.accepted is not None  # NO_EFFECT_ARGS holds the rows that have it
+        dest = "no_effect_" + row.flag.lstrip("-").replace("-", "_")
+        g.add_argument(row.flag, dest=dest, **row.accepted.argparse_kwargs())
 
 
 def _signal_named(name: str) -> signal.Signals:
@@ -758,7 +738,7 @@ def parse_args(
     extra_args_provider: Callable[[argparse.ArgumentParser], argparse.ArgumentParser | None] | None = None,
     args_defaults: dict[str, Any] | None = None,
     check_target: bool | None = None,
-) -> argparse.Namespace:
+) -> Settings:
     """Parse Megatron-LM GPT arguments, fill derived values, check the layout; ConfigError on any problem.
 
     ``world_size`` defaults to ``$WORLD_SIZE`` (1 when unset). With ``check_paths`` the data
@@ -780,14 +760,14 @@ def parse_args(
         row = refusal_for(flag)
         if row is not None:
             raise ConfigError(row.message(flag))
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(argv, namespace=Settings())
     if extra:
         raise ConfigError(_unrecognized(extra))
     yaml_flags: list[str] = []
     if args.yaml_cfg is not None:
         defaults, yaml_flags = _yaml_defaults(args.yaml_cfg, parser)
         parser.set_defaults(**defaults)
-        args = parser.parse_args(argv)  # explicit flags win over YAML values
+        args = parser.parse_args(argv, namespace=Settings())  # explicit flags win over YAML values
     args.ignored_flags = []
     args.config_warnings = []
     seen = set()

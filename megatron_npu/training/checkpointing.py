@@ -12,6 +12,10 @@ left (``clean_unfinished_saves``) and says so. The distributed optimizer is
 saved ``fully_reshardable`` (the only format of megatron-core 0.16 that both
 saves and reshards), so a checkpoint loads under another TP/PP/DP layout. The RNG
 states are per (PP, TP) rank and are restored only when the layout is unchanged.
+
+The common state holds Megatron-LM core_v0.16.1's fields beside this trainer's
+(checkpoint_format.py): Megatron-LM's pretrain_gpt.py resumes these checkpoints, and this
+loader resumes Megatron-LM's, each with its data position, RNG and optimizer state.
 """
 
 from __future__ import annotations
@@ -28,32 +32,24 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.utils import unwrap_model
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.training.arguments import ConfigError
+from megatron_npu.training.checkpoint_format import (
+    CHECKPOINT_VERSION,
+    MODEL_SHAPE_ARGS,
+    SavedRun,
+    content_metadata,
+    megatron_args,
+    megatron_rng,
+)
 from megatron_npu.training.global_vars import print_rank_0
 from megatron_npu.training.moe_checkpoint import adapt_optimizer_state, saved_optimizer_count
+from megatron_npu.training.run_state import RunState
 
 TRACKER = "latest_checkpointed_iteration.txt"
-# chained_optim_avoid_prefix as Megatron-LM: MoE's dense and expert optimizers (a ChainedOptimizer under
-# EP > 1) save under the same keys as one optimizer (EP1), so a checkpoint loads across EP sizes.
-DIST_OPT_FORMAT = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
-# Arguments that fix the shape of the saved tensors: a mismatch is a user error.
-MODEL_SHAPE_ARGS = (
-    "num_layers",
-    "hidden_size",
-    "ffn_hidden_size",
-    "num_attention_heads",
-    "num_query_groups",
-    "kv_channels",
-    "padded_vocab_size",
-    "normalization",
-    "swiglu",
-    "add_bias_linear",
-    "untie_embeddings_and_output_weights",
-    "position_embedding_type",
-)
 
 
 def checkpoint_dir(root: str, iteration: int) -> str:
@@ -90,60 +86,79 @@ def _layout() -> dict[str, int | None]:
 
 
 def _rng_state() -> dict[str, Any]:
-    return {
-        "random": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "device": get_accelerator().get_rng_state(),
-        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
-    }
+    """This rank's RNG states, under Megatron-LM's keys."""
+    return megatron_rng(
+        {
+            "random": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "device": get_accelerator().get_rng_state(),
+            "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+        }
+    )
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["random"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    get_accelerator().set_rng_state(state["device"])
-    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+def _set_rng_state(saved: dict[str, Any]) -> None:
+    state = megatron_rng(saved)
+    random.setstate(state["random_rng_state"])
+    np.random.set_state(state["np_rng_state"])
+    torch.set_rng_state(state["torch_rng_state"])
+    get_accelerator().set_rng_state(state["cuda_rng_state"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
+
+
+def _rng_object(*, per_dp_rank: bool, by_dp: bool) -> ShardedObject:
+    """The RNG states as Megatron-LM's get_rng_state shards them: one object per (PP, TP) rank,
+    replicated over DP, or per (PP, TP, DP) rank under EP > 1; with --data-parallel-random-init,
+    each holds the states of every DP rank."""
+    states = [_rng_state()]
+    dp_size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+    dp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+    if per_dp_rank and dp_size > 1:
+        states = [None] * dp_size
+        group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        dist.all_gather_object(states, _rng_state(), group=group)
+    shape = (
+        parallel_state.get_pipeline_model_parallel_world_size(),
+        parallel_state.get_tensor_model_parallel_world_size(),
+    )
+    offset = (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank())
+    if by_dp:
+        return ShardedObject("rng_state", states, (*shape, dp_size), (*offset, dp_rank), replica_id=0)
+    return ShardedObject("rng_state", states, shape, offset, replica_id=dp_rank)
 
 
 def _model_keys(model: list) -> list[str]:
     return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
 
 
-def _sharded_state(model: list, optimizer: Any, scheduler: Any, *, optim: bool, rng: bool, loading: bool) -> dict:
+def _sharded_state(
+    model: list, optimizer: Any, scheduler: Any, *, optim: bool, metadata: dict, loading: bool
+) -> dict[str, Any]:
     state: dict[str, Any] = {}
     for key, chunk in zip(_model_keys(model), model, strict=True):
         state[key] = unwrap_model(chunk).sharded_state_dict()
     if optim:
-        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=loading, metadata=DIST_OPT_FORMAT)
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=loading, metadata=metadata)
         state["opt_param_scheduler"] = scheduler.state_dict()
-    if rng:
-        state["rng_state"] = ShardedObject(
-            "rng_state",
-            [_rng_state()],
-            (
-                parallel_state.get_pipeline_model_parallel_world_size(),
-                parallel_state.get_tensor_model_parallel_world_size(),
-            ),
-            (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()),
-            replica_id=parallel_state.get_data_parallel_rank(),
-        )
     return state
 
 
 def save_checkpoint(
-    iteration: int,
+    state: RunState,
     model: list,
     optimizer: Any,
     scheduler: Any,
     args: argparse.Namespace,
-    before_publish: Callable[[int], None] | None = None,
+    in_save: Callable[[int], None] | None = None,
 ) -> str:
-    """Save atomically under ``args.save``; returns the checkpoint directory.
+    """Save ``state.iteration`` atomically under ``args.save``; returns the checkpoint directory.
 
-    ``before_publish(iteration)`` runs on every rank once the files are written (the fault tests' seam)."""
-    root = args.save
+    The common state carries Megatron-LM's fields (``args``, ``checkpoint_version``, ``iteration``,
+    ``num_floating_point_operations_so_far``, its RNG keys, content metadata) beside this trainer's, so
+    Megatron-LM's pretrain_gpt.py resumes it too (checkpoint_format.py). ``in_save(iteration)`` runs on
+    every rank once the files are written (the fault tests' seam)."""
+    root, iteration = args.save, state.iteration
     final = checkpoint_dir(root, iteration)
     partial = final + ".partial"
     if dist.get_rank() == 0:
@@ -151,22 +166,31 @@ def save_checkpoint(
         shutil.rmtree(partial, ignore_errors=True)  # a save killed earlier
         os.makedirs(partial)
     dist.barrier()
-    state = _sharded_state(
-        model, optimizer, scheduler, optim=not args.no_save_optim, rng=not args.no_save_rng, loading=False
-    )
-    state.update(
+    optim, rng = not args.no_save_optim and optimizer is not None, not args.no_save_rng
+    metadata = content_metadata(bool(args.use_distributed_optimizer))
+    sharded = _sharded_state(model, optimizer, scheduler, optim=optim, metadata=metadata, loading=False)
+    layout = _layout()
+    if rng:
+        sharded["rng_state"] = _rng_object(
+            per_dp_rank=bool(args.data_parallel_random_init), by_dp=layout.get("ep", 1) > 1
+        )
+    sharded.update(
+        # Megatron-LM's fields
+        args=megatron_args(args, state, layout, no_save_optim=not optim, no_save_rng=not rng),
+        checkpoint_version=CHECKPOINT_VERSION,
         iteration=iteration,
-        consumed_train_samples=args.consumed_train_samples,
-        consumed_valid_samples=args.consumed_valid_samples,
-        layout=_layout(),
+        num_floating_point_operations_so_far=state.floating_point_operations_so_far,
+        # this trainer's
+        run_state=state.state_dict(),
+        layout=layout,
         model_shape={name: getattr(args, name, None) for name in MODEL_SHAPE_ARGS},
-        has_optimizer=not args.no_save_optim,
-        distributed_optimizer=args.use_distributed_optimizer,
-        has_rng=not args.no_save_rng,
+        has_optimizer=optim,
+        distributed_optimizer=bool(args.use_distributed_optimizer),
+        has_rng=rng,
     )
-    dist_checkpointing.save(state, partial)
-    if before_publish is not None:
-        before_publish(iteration)
+    dist_checkpointing.save(sharded, partial, content_metadata=metadata)
+    if in_save is not None:
+        in_save(iteration)
     dist.barrier()
     if dist.get_rank() == 0:
         _publish(root, partial, final, iteration)
@@ -221,18 +245,17 @@ def _clean_unfinished_saves(root: str) -> None:
         print_rank_0(f"  removed {path}: {what} (the job stopped while saving)")
 
 
-def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.Namespace) -> int:
-    """Load ``args.load`` (latest iteration) into the model, optimizer, scheduler and RNG.
-
-    Returns the iteration to continue from (0 for ``--finetune`` or no checkpoint).
-    """
+def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.Namespace) -> RunState:
+    """Load ``args.load`` (latest iteration, or ``--ckpt-step``) into the model, optimizer, scheduler
+    and RNG: a checkpoint of this trainer or of Megatron-LM's. Returns the run's restored counters
+    (a fresh RunState for ``--finetune`` or no checkpoint); the settings are not written."""
     root = args.load
     iteration = args.ckpt_step if args.ckpt_step is not None else read_tracker(root)
     if iteration is None:
         if args.exit_on_missing_checkpoint:
             raise ConfigError(f"--load {root}: no {TRACKER} (and --exit-on-missing-checkpoint is set)")
         print_rank_0(f"WARNING: could not find {TRACKER} in {root}: training from scratch")
-        return 0
+        return RunState()
     directory = checkpoint_dir(root, iteration)
     if not os.path.isdir(directory):
         raise ConfigError(
@@ -240,46 +263,96 @@ def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.
             + (" (--ckpt-step)" if args.ckpt_step is not None else f" (named by {TRACKER})")
         )
     common = dist_checkpointing.load_common_state_dict(directory)
-    _check_model_shape(common.get("model_shape", {}), args, directory)
-    same_layout = {k: v for k, v in common["layout"].items() if k != "dp"} == {
-        k: v for k, v in _layout().items() if k != "dp"
-    }
-    load_optim = common.get("has_optimizer", False) and not args.no_load_optim and not args.finetune
-    load_rng = common.get("has_rng", False) and not args.no_load_rng and not args.finetune and same_layout
-    saved_dist_opt = common.get("distributed_optimizer", args.use_distributed_optimizer)
-    if load_optim and saved_dist_opt != args.use_distributed_optimizer:
+    saved = _read_saved_run(common, directory)
+    _check_model_shape(saved.model_shape, args, directory)
+    load_optim, load_rng = _what_to_load(saved, args, directory)
+    sharded = _sharded_state(
+        model, optimizer, scheduler, optim=load_optim, metadata=saved.loading_metadata(), loading=True
+    )
+    if load_rng:  # the saved objects' sharding; their contents are replaced by the load
+        sharded["rng_state"] = _rng_object(per_dp_rank=False, by_dp=saved.rng_by_dp)
+    loaded = dist_checkpointing.load(sharded, directory, strict=args.dist_ckpt_strictness)
+    for key, chunk in zip(_model_keys(model), model, strict=True):
+        unwrap_model(chunk).load_state_dict(loaded[key])
+    if load_optim:
+        _load_optimizer(loaded, common, optimizer, scheduler, directory)
+    if load_rng:
+        _restore_rng(loaded["rng_state"], saved.rng_per_dp_rank)
+    if args.finetune:
+        print_rank_0(f"  loaded model weights from {directory} for finetuning (iteration 0)")
+        return RunState()
+    state = RunState()
+    state.load_state_dict(saved.run_state)
+    print_rank_0(
+        f"  successfully loaded checkpoint from {root} at iteration {state.iteration}"
+        + ("" if saved.written_by == "megatron-npu" else f" (written by {saved.written_by})")
+        + f": {state.consumed_train_samples} samples consumed"
+    )
+    return state
+
+
+def _read_saved_run(common: dict[str, Any], directory: str) -> SavedRun:
+    try:
+        return SavedRun.read(common, dist_checkpointing.load_content_metadata(preloaded_state_dict=common))
+    except ValueError as error:
+        raise ConfigError(f"checkpoint {directory}: {error}: not a checkpoint of a GPT trainer") from None
+
+
+def _what_to_load(saved: SavedRun, args: argparse.Namespace, directory: str) -> tuple[bool, bool]:
+    """(optimizer and scheduler, RNG): what of the checkpoint this run takes."""
+    current = _layout()
+    same_grid = _without_dp(saved.layout) == _without_dp(current)
+    load_optim = saved.has_optimizer and not args.no_load_optim and not args.finetune
+    # RNG states belong to one rank of one layout; sharded by DP too (EP > 1), the DP size must match
+    same_ranks = same_grid and (not saved.rng_by_dp or saved.layout.get("dp") == current["dp"])
+    load_rng = saved.has_rng and not args.no_load_rng and not args.finetune and same_ranks
+    saved_dist_opt = saved.distributed_optimizer
+    if saved_dist_opt is None:
+        saved_dist_opt = args.use_distributed_optimizer
+    if load_optim and bool(saved_dist_opt) != bool(args.use_distributed_optimizer):
         given = "--use-distributed-optimizer" if saved_dist_opt else "no --use-distributed-optimizer"
         raise ConfigError(
             f"checkpoint {directory} holds {'distributed ' if saved_dist_opt else ''}optimizer state "
             f"saved with {given}: train with the same setting, or pass --no-load-optim"
         )
-    if not same_layout:
-        print_rank_0(f"  loading a {common['layout']} checkpoint into {_layout()}: resharding; RNG states start fresh")
-    state = _sharded_state(model, optimizer, scheduler, optim=load_optim, rng=load_rng, loading=True)
-    state = dist_checkpointing.load(state, directory, strict=args.dist_ckpt_strictness)
-    for key, chunk in zip(_model_keys(model), model, strict=True):
-        unwrap_model(chunk).load_state_dict(state[key])
-    if load_optim:
-        saved = saved_optimizer_count(common.get("optimizer"))  # MoE: 1 under EP1, 2 under EP > 1
-        optimizer.load_state_dict(adapt_optimizer_state(state["optimizer"], optimizer, saved))
-        try:
-            scheduler.load_state_dict(state["opt_param_scheduler"])
-        except AssertionError as error:  # megatron-core asserts on a changed schedule; say which flags
-            raise ConfigError(
-                f"checkpoint {directory}: the learning-rate schedule differs ({error}); pass the "
-                "schedule flags it was saved with (--train-iters, --lr, --min-lr, --lr-decay-*, "
-                "--lr-warmup-*), or --use-checkpoint-opt-param-scheduler to keep its schedule, "
-                "or --override-opt-param-scheduler to take yours"
-            ) from None
-    if load_rng:
-        _set_rng_state(state["rng_state"][0] if isinstance(state["rng_state"], list) else state["rng_state"])
-    if args.finetune:
-        print_rank_0(f"  loaded model weights from {directory} for finetuning (iteration 0)")
-        return 0
-    args.consumed_train_samples = common["consumed_train_samples"]
-    args.consumed_valid_samples = common["consumed_valid_samples"]
-    print_rank_0(f"  successfully loaded checkpoint from {root} at iteration {iteration}")
-    return iteration
+    resharding = saved.optimizer_sharding not in DistributedOptimizer.checkpoint_fully_reshardable_formats
+    if load_optim and saved_dist_opt and not same_grid and resharding:
+        raise ConfigError(
+            f"checkpoint {directory} ({saved.written_by}) holds distributed-optimizer state sharded "
+            f"{saved.optimizer_sharding!r}, which loads only under its own layout {saved.layout}: "
+            "train under that layout, pass --no-load-optim, or save it with Megatron-LM's "
+            "--dist-ckpt-optim-fully-reshardable"
+        )
+    if not same_grid:
+        print_rank_0(f"  loading a {saved.layout} checkpoint into {current}: resharding; RNG states start fresh")
+    return load_optim, load_rng
+
+
+def _without_dp(layout: dict[str, int | None]) -> dict[str, int | None]:
+    return {key: value for key, value in layout.items() if key != "dp"}
+
+
+def _load_optimizer(loaded: dict, common: dict, optimizer: Any, scheduler: Any, directory: str) -> None:
+    saved = saved_optimizer_count(common.get("optimizer"))  # MoE: 1 under EP1, 2 under EP > 1
+    optimizer.load_state_dict(adapt_optimizer_state(loaded["optimizer"], optimizer, saved))
+    try:
+        scheduler.load_state_dict(loaded["opt_param_scheduler"])
+    except AssertionError as error:  # megatron-core asserts on a changed schedule; say which flags
+        raise ConfigError(
+            f"checkpoint {directory}: the learning-rate schedule differs ({error}); pass the "
+            "schedule flags it was saved with (--train-iters, --lr, --min-lr, --lr-decay-*, "
+            "--lr-warmup-*), or --use-checkpoint-opt-param-scheduler to keep its schedule, "
+            "or --override-opt-param-scheduler to take yours"
+        ) from None
+
+
+def _restore_rng(loaded: Any, per_dp_rank: bool) -> None:
+    """Megatron-LM's choice of entry: this DP rank's under --data-parallel-random-init, else the first."""
+    if not isinstance(loaded, list):
+        _set_rng_state(loaded)
+        return
+    dp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+    _set_rng_state(loaded[dp_rank] if per_dp_rank and dp_rank < len(loaded) else loaded[0])
 
 
 def _check_model_shape(saved: dict, args: argparse.Namespace, directory: str) -> None:

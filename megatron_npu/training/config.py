@@ -1,14 +1,17 @@
 """megatron-core's typed configs built from Megatron-LM arguments.
 
-One function per config; the argument namespace is read here and nowhere else in
-megatron-core's terms, so a new flag lands in exactly one place.
+One function per config. The TransformerConfig is built as Megatron-LM builds it: every field
+with a flag of the same name by reflection, the exceptions listed once (``_derived_fields``), so a
+new megatron-core field with a Megatron-LM flag needs no code here.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -16,9 +19,11 @@ from megatron.core.activations import squared_relu
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.utils import openai_gelu
 
 from megatron_npu.accelerator import get_accelerator
+from megatron_npu.ops.fused import fused_rotary_serves
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -49,8 +54,8 @@ def rope_fusion(args: argparse.Namespace) -> bool:
     kernel runs where one exists: Transformer Engine's, or the device's (patches/fused_ops.py)."""
     if importlib.util.find_spec("transformer_engine") is not None:
         return bool(args.apply_rope_fusion)
-    # The device kernel is half-split only (and megatron's config check asks TE for interleaved).
-    return bool(args.apply_rope_fusion) and get_accelerator().has_fused_rotary and not args.rotary_interleaved
+    # (megatron's config check also asks TE for an interleaved fused RoPE)
+    return bool(args.apply_rope_fusion) and fused_rotary_serves(args.rotary_interleaved)
 
 
 def device_swiglu_fusion(args: argparse.Namespace) -> bool:
@@ -69,126 +74,63 @@ def _activation(args: argparse.Namespace) -> tuple[Callable, bool]:
     return F.gelu, False
 
 
-def _optional(args: argparse.Namespace) -> dict:
-    """Fields set only when given: megatron-core's own defaults stand otherwise."""
-    extra: dict = {}
-    if args.recompute_modules is not None:
-        extra["recompute_modules"] = args.recompute_modules
-    if args.init_method_xavier_uniform:  # as Megatron-LM: both init methods
-        extra["init_method"] = extra["output_layer_init_method"] = torch.nn.init.xavier_uniform_
-    return extra
+def _bias_activation_fusion(args: argparse.Namespace) -> bool:
+    """megatron's fused bias-activation: for SwiGLU the device kernel (the spec's activation module)
+    or TorchScript; bias-GeLU fuses only a bias that exists. Where the TorchScript fuser does not
+    serve the device the patch on TransformerConfig.__post_init__ (patches/transformer.py) turns
+    the jit fusions off."""
+    if args.swiglu:
+        return bool(args.bias_swiglu_fusion and not device_swiglu_fusion(args))
+    return bool(args.bias_gelu_fusion and args.add_bias_linear)
 
 
-# Megatron-LM copies every TransformerConfig field of the same name from args; these are the MoE ones.
-MOE_FIELDS = (
-    "moe_layer_freq",
-    "moe_ffn_hidden_size",
-    "moe_shared_expert_intermediate_size",
-    "moe_shared_expert_gate",
-    "moe_router_load_balancing_type",
-    "moe_aux_loss_coeff",
-    "moe_z_loss_coeff",
-    "moe_input_jitter_eps",
-    "moe_router_topk",
-    "moe_router_pre_softmax",
-    "moe_router_score_function",
-    "moe_router_topk_scaling_factor",
-    "moe_router_num_groups",
-    "moe_router_group_topk",
-    "moe_router_dtype",
-    "moe_router_enable_expert_bias",
-    "moe_router_bias_update_rate",
-    "moe_grouped_gemm",
-    "moe_token_dispatcher_type",
-    "moe_expert_capacity_factor",
-    "moe_pad_expert_input_to_capacity",
-    "moe_token_drop_policy",
-    "moe_per_layer_logging",
-)
-
-
-def _moe(args: argparse.Namespace) -> dict:
-    """MoE fields (Megatron-LM's names; ``--num-experts`` is ``num_moe_experts``); none for a dense model."""
-    extra: dict = {
-        "expert_model_parallel_size": args.expert_model_parallel_size,
-        "expert_tensor_parallel_size": args.expert_tensor_parallel_size,
+def _derived_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The TransformerConfig fields whose value is not ``args.<same name>``: Megatron-LM's other
+    spellings and what this trainer derives (the one list of exceptions to the reflection)."""
+    activation, gated = _activation(args)
+    fusions = available_fusions(args)
+    dtype = params_dtype(args)
+    fields: dict[str, Any] = {
+        "layernorm_epsilon": args.norm_epsilon,
+        "add_qkv_bias": args.add_qkv_bias or args.add_bias_linear,
+        "gated_linear_unit": gated,
+        "activation_func": activation,
+        "bias_activation_fusion": _bias_activation_fusion(args),
+        "use_te_activation_func": device_swiglu_fusion(args),  # megatron's seam for a spec'd activation module
+        "masked_softmax_fusion": fusions["masked_softmax_fusion"],
+        "gradient_accumulation_fusion": fusions["gradient_accumulation_fusion"],
+        "apply_rope_fusion": rope_fusion(args),
+        "params_dtype": dtype,
+        "pipeline_dtype": dtype,
+        "use_cpu_initialization": bool(args.use_cpu_initialization),
+        "num_moe_experts": args.num_experts,
+        "attention_backend": AttnBackend[str(args.attention_backend).split(".")[-1]],  # the flag's name, an enum
+        "deallocate_pipeline_outputs": True,  # as Megatron-LM; patches/pipeline_parallel.py keeps it off on gloo
+        "barrier_with_L1_time": False,
+        # as Megatron-LM: one --cp-comm-type for every layer is a string, several are one per layer
+        "cp_comm_type": args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else list(args.cp_comm_type),
     }
-    if args.num_experts is None:
-        return extra
-    extra["num_moe_experts"] = args.num_experts
-    extra.update({name: getattr(args, name) for name in MOE_FIELDS})
-    return extra
+    if args.init_method_xavier_uniform:  # as Megatron-LM: both init methods
+        fields["init_method"] = fields["output_layer_init_method"] = torch.nn.init.xavier_uniform_
+    return fields
+
+
+# Flags that share a TransformerConfig field's name but must not set it: None means "megatron-core's
+# default" for these (Megatron-LM's parser has no default where the dataclass has one).
+_DEFAULT_WHEN_NONE = ("recompute_modules",)
 
 
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
-    activation, gated = _activation(args)
-    fusions = available_fusions(args)
-    # The flags as given; where the TorchScript fuser does not serve the device the patch on
-    # TransformerConfig.__post_init__ (patches/transformer.py) turns the jit fusions off.
-    device_swiglu = device_swiglu_fusion(args)
-    if args.swiglu:  # megatron's fused SwiGLU: the device kernel (the spec's activation module), or TorchScript
-        bias_activation_fusion = args.bias_swiglu_fusion and not device_swiglu
-    else:  # bias-GeLU fuses only a bias that exists
-        bias_activation_fusion = args.bias_gelu_fusion and args.add_bias_linear
-    dtype = params_dtype(args)
-    return TransformerConfig(
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        ffn_hidden_size=args.ffn_hidden_size,
-        num_attention_heads=args.num_attention_heads,
-        num_query_groups=args.num_query_groups,
-        kv_channels=args.kv_channels,
-        hidden_dropout=args.hidden_dropout,
-        attention_dropout=args.attention_dropout,
-        layernorm_epsilon=args.norm_epsilon,
-        normalization=args.normalization,
-        add_bias_linear=args.add_bias_linear,
-        add_qkv_bias=args.add_qkv_bias or args.add_bias_linear,
-        gated_linear_unit=gated,
-        activation_func=activation,
-        bias_activation_fusion=bool(bias_activation_fusion),
-        use_te_activation_func=device_swiglu,  # megatron's seam for a spec'd activation module
-        bias_dropout_fusion=args.bias_dropout_fusion,
-        masked_softmax_fusion=fusions["masked_softmax_fusion"],
-        gradient_accumulation_fusion=fusions["gradient_accumulation_fusion"],
-        apply_rope_fusion=rope_fusion(args),
-        init_method_std=args.init_method_std,
-        embedding_init_method_std=args.embedding_init_method_std,
-        apply_residual_connection_post_layernorm=args.apply_residual_connection_post_layernorm,
-        apply_query_key_layer_scaling=args.apply_query_key_layer_scaling,
-        attention_softmax_in_fp32=args.attention_softmax_in_fp32,
-        qk_layernorm=args.qk_layernorm,
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
-        context_parallel_size=args.context_parallel_size,
-        sequence_parallel=args.sequence_parallel,
-        overlap_p2p_comm=args.overlap_p2p_comm,
-        batch_p2p_comm=args.batch_p2p_comm,
-        microbatch_group_size_per_vp_stage=args.microbatch_group_size_per_vp_stage,
-        params_dtype=dtype,
-        pipeline_dtype=dtype,
-        fp16=args.fp16,
-        bf16=args.bf16,
-        fp32_residual_connection=getattr(args, "fp32_residual_connection", False),
-        recompute_granularity=args.recompute_granularity,
-        recompute_method=args.recompute_method,
-        recompute_num_layers=args.recompute_num_layers,
-        use_cpu_initialization=bool(args.use_cpu_initialization),
-        perform_initialization=args.perform_initialization,
-        rotary_interleaved=args.rotary_interleaved,
-        distribute_saved_activations=args.distribute_saved_activations,
-        clone_scatter_output_in_embedding=args.clone_scatter_output_in_embedding,
-        deterministic_mode=args.deterministic_mode,
-        calculate_per_token_loss=args.calculate_per_token_loss,
-        overlap_p2p_comm_warmup_flush=args.overlap_p2p_comm_warmup_flush,
-        defer_embedding_wgrad_compute=args.defer_embedding_wgrad_compute,
-        wgrad_deferral_limit=args.wgrad_deferral_limit,
-        **_optional(args),
-        **_moe(args),
-        deallocate_pipeline_outputs=True,  # as Megatron-LM; patches/pipeline_parallel.py keeps it off on gloo
-        barrier_with_L1_time=False,
-    )
+    """As Megatron-LM's core_transformer_config_from_args: every TransformerConfig field that has a
+    flag of the same name takes its value, then the derived fields above."""
+    values = args.values() if hasattr(args, "values") else vars(args)
+    kwargs = {
+        f.name: values[f.name]
+        for f in dataclasses.fields(TransformerConfig)
+        if f.init and f.name in values and not (f.name in _DEFAULT_WHEN_NONE and values[f.name] is None)
+    }
+    kwargs.update(_derived_fields(args))
+    return TransformerConfig(**kwargs)
 
 
 def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:

@@ -22,6 +22,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, Moc
 from megatron.core.datasets.utils import get_blend_from_list
 
 from megatron_npu.accelerator import get_accelerator
+from megatron_npu.training.run_state import RunState
 
 
 def global_batch_size_at(args: argparse.Namespace, iteration: int) -> int:
@@ -181,7 +182,7 @@ def build_loader(dataset, consumed_samples: int, args: argparse.Namespace, cycli
         consumed_samples,
         args.micro_batch_size,
         parallel_state.get_data_parallel_rank(),
-        parallel_state.get_data_parallel_world_size(),
+        args.parallel.dp,
     )
     loader = torch.utils.data.DataLoader(
         dataset,
@@ -207,15 +208,16 @@ def chunk_reads_data(vp_stage: int | None) -> bool:
 
 
 def build_iterators(
-    datasets: list, num_chunks: int, args: argparse.Namespace
+    datasets: list, num_chunks: int, args: argparse.Namespace, state: RunState
 ) -> tuple[list[Iterator | None], list[Iterator | None], list[Iterator | None]]:
-    """Per-chunk (train, valid, test) iterators; None where the chunk reads no data."""
+    """Per-chunk (train, valid, test) iterators, each from the run's position in its stream;
+    None where the chunk reads no data."""
     train_ds, valid_ds, test_ds = datasets
     train, valid, test = [], [], []
     for chunk in range(num_chunks):
         vp_stage = chunk if num_chunks > 1 else None
         reads = chunk_reads_data(vp_stage)
-        train.append(build_loader(train_ds, args.consumed_train_samples, args) if reads else None)
-        valid.append(build_loader(valid_ds, args.consumed_valid_samples, args, cyclic=True) if reads else None)
+        train.append(build_loader(train_ds, state.consumed_train_samples, args) if reads else None)
+        valid.append(build_loader(valid_ds, state.consumed_valid_samples, args, cyclic=True) if reads else None)
         test.append(build_loader(test_ds, 0, args) if reads else None)
     return train, valid, test

@@ -21,6 +21,7 @@ def set_global(name: str, value: Any) -> None:
 
 
 def get_args() -> argparse.Namespace:
+    """The run's settings (``Settings``, an argparse namespace), read-only once the run has started."""
     return _get("args")
 
 

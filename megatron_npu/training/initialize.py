@@ -39,15 +39,15 @@ def initialize_distributed(args: argparse.Namespace) -> None:
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
         context_parallel_size=args.context_parallel_size,
+        hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes,
         expert_model_parallel_size=args.expert_model_parallel_size,
         expert_tensor_parallel_size=args.expert_tensor_parallel_size,
         distributed_timeout_minutes=args.distributed_timeout_minutes,
     )
-    args.rank = dist.get_rank()
-    args.world_size = dist.get_world_size()
+    # args.rank and args.world_size were read from torchrun's environment at validation: the same values
     rampup = [int(value) for value in args.rampup_batch_size] if args.rampup_batch_size else None
     first_batch = global_batch_size_at(args, 1)
-    init_num_microbatches_calculator(args.rank, rampup, first_batch, args.micro_batch_size, args.data_parallel_size)
+    init_num_microbatches_calculator(args.rank, rampup, first_batch, args.micro_batch_size, args.parallel.dp)
 
 
 def set_random_seed(seed: int, data_parallel_random_init: bool = False) -> None:
@@ -99,4 +99,4 @@ def write_run_files(args: argparse.Namespace) -> None:
         with open(os.path.join(args.log_dir, "layout.json"), "w") as f:
             json.dump(record, f, indent=1)
         with open(os.path.join(args.log_dir, "args.json"), "w") as f:
-            json.dump(vars(args), f, indent=1, default=str)
+            json.dump(args.values(), f, indent=1, default=str)

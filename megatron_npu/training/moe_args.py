@@ -3,7 +3,7 @@ it generates from megatron-core's TransformerConfig), with the same spellings, d
 
 Megatron-LM builds most of these from ``TransformerConfig``'s dataclass fields; this module is
 pure Python (the migration tool imports the parser), so the defaults are written out and
-``tests/test_moe.py`` checks them against megatron-core's dataclass. Flags of the family this
+``tests/training/test_moe.py`` checks them against megatron-core's dataclass. Flags of the family this
 trainer cannot run (DeepEP/HybridEP, upcycling, TE's fused permutation, ...) are not defined
 here: ``policy.py``'s ``--moe-*`` row refuses them by name.
 """

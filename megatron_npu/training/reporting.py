@@ -152,7 +152,7 @@ def wandb_run(args: argparse.Namespace) -> Any:
         os.makedirs(save_dir, exist_ok=True)
         config = {
             k: v if isinstance(v, (bool, int, float, str, list, tuple, type(None))) else str(v)
-            for k, v in vars(args).items()
+            for k, v in args.values().items()
         }
         _WANDB_RUN = wandb.init(
             dir=save_dir,

@@ -114,7 +114,7 @@ def validate_args(
     _check_overlap(args)
     _derive_data_sources(args, warn)
     _derive_tokenizer(args)
-    _init_trainer_state(args)
+    _derive_sequence_lengths(args)
     _check_layout(args, world_size, shape)
     if check_paths:
         _check_paths(args)
@@ -389,11 +389,9 @@ def _derive_tokenizer(args: argparse.Namespace) -> None:
         raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size")
 
 
-def _init_trainer_state(args: argparse.Namespace) -> None:
-    """Trainer state Megatron-LM keeps on args."""
-    args.consumed_train_samples = 0
-    args.skipped_train_samples = 0
-    args.consumed_valid_samples = 0
+def _derive_sequence_lengths(args: argparse.Namespace) -> None:
+    """Fixed-length samples (GPTDataset pads or packs to --seq-length). The run's counters
+    (iteration, consumed samples), which Megatron-LM keeps on args, live in RunState."""
     args.variable_seq_lengths = False
 
 
@@ -401,10 +399,20 @@ def _check_layout(args: argparse.Namespace, world_size: int, shape: ModelShape) 
     """Parallel layout checks, before any process group exists: one ParallelDims, its rules."""
     dims = _layout(ParallelDims.from_args, args, world_size)
     tp, pp, dp, vpp = dims.tp, dims.pp, dims.dp, dims.vpp
-    args.data_parallel_size = dp
+    args.parallel, args.model_shape = dims, shape  # the typed layout and shape, owning their rules
+    args.data_parallel_size = dp  # Megatron-LM's name, read by Megatron-LM-style code
     _layout(shape.check_tensor_parallel, tp, TRAINER_FLAGS.tp)
     # CP and SP split the sequence
     _layout(dims.check_seq_length, args.seq_length, args.sequence_parallel)
+    # CP's comm types, hierarchical sizes and the heads its all-to-all splits; its attention has no dropout
+    comm_types = [args.cp_comm_type] if isinstance(args.cp_comm_type, str) else list(args.cp_comm_type)
+    sizes = args.hierarchical_context_parallel_sizes
+    heads, groups = shape.num_attention_heads, shape.num_query_groups
+    _layout(dims.check_context_parallel, comm_types, sizes, heads, groups, shape.num_layers)
+    if dims.cp > 1 and args.attention_dropout:
+        raise ConfigError(
+            f"--context-parallel-size {dims.cp} runs attention without dropout: set --attention-dropout 0"
+        )
 
     # Interleaved schedule (Megatron-LM validate_args): p2p settings follow from it.
     args.virtual_pipeline_model_parallel_size = vpp
@@ -430,21 +438,7 @@ def _check_layout(args: argparse.Namespace, world_size: int, shape: ModelShape) 
         raise ConfigError("--global-batch-size must be positive")
 
     def _gbs_check(gbs: int, flag: str) -> None:
-        m = _layout(dims.microbatches, gbs, args.micro_batch_size, flag)
-        if vpp is not None:
-            n = args.microbatch_group_size_per_vp_stage
-            if n > m or n < pp:
-                raise ConfigError(
-                    f"interleaved pipeline schedule: {flag} {gbs} gives {m} micro-batches per step, but "
-                    f"--microbatch-group-size-per-virtual-pipeline-stage {n} must lie in [PP={pp}, M={m}]; "
-                    "raise --global-batch-size or lower --micro-batch-size"
-                )
-            if 0 < m % n < pp:
-                raise ConfigError(
-                    f"interleaved pipeline schedule: {m} micro-batches per step ({flag} {gbs}) leave a remainder of "
-                    f"{m % n} when grouped by --microbatch-group-size-per-virtual-pipeline-stage {n}; it must be 0 or "
-                    f">= --pipeline-model-parallel-size {pp}"
-                )
+        _layout(dims.check_global_batch, gbs, args.micro_batch_size, args.microbatch_group_size_per_vp_stage, flag)
 
     _gbs_check(args.global_batch_size, "--global-batch-size")
 

@@ -1,0 +1,496 @@
+"""Per-rank memory model: the bytes one rank holds for a training step, by pipeline stage.
+
+From the trainer's settings (pretrain_gpt.py's flags, or args.json) or a Hugging Face config through
+the converter's mapping; no torch import. Parameter lists come from the communication planner
+(``planner._stage_params``: names and sizes in megatron-core's ``named_parameters()`` order), and
+bucket layout from the same megatron-core ``_ParamAndGradBuffer`` rules (``bucket_layout``).
+
+What is counted, and how it was checked (tests/layout/test_memory_model.py, cpu target, megatron-core
+0.16.1, local spec; measured by megatron_npu.training.memory_report):
+
+* **parameters**: each rank's parameters in the params dtype; under the distributed optimizer
+  megatron-core's param buffer (padding included, as its buffer pads). Exact.
+* **gradients**: DDP's ``main_grad`` buffers, fp32 for bf16 (``--accumulate-allreduce-grads-in-fp32``,
+  Megatron-LM's default for bf16) else the params dtype; padded under the distributed optimizer
+  (params start at multiples of 64, buckets end at multiples of lcm(DP, 128)). Exact.
+* **optimizer state**: Adam's two fp32 moments, plus an fp32 master copy for bf16 / fp16 params;
+  under the distributed optimizer only this rank's shard of each bucket (the parameter elements in it:
+  padding has no state). Adam's per-parameter ``step`` scalars are not counted. Exact.
+* **activations saved for backward**, per micro-batch of each model chunk, by layer type (bytes
+  autograd holds, each storage once): embedding (token ids, the vocab-parallel mask, position ids),
+  per transformer layer the two norms (input, fp32 mean and rstd; RMSNorm: input and fp32 rstd),
+  QKV input and output, core attention (unfused: the [b, heads/TP, s, s] softmax output in fp32
+  and the probabilities in the params dtype when they differ, the causal mask; fused / flash
+  attention: the output and the fp32 log-sum-exp), the projection input, MLP or SwiGLU (fc1 input,
+  fc1 output, fc2 input), MoE (router input and logits, the permuted tokens at the dropless upper
+  bound of tokens x top-k per rank, or at capacity, the experts' fc1 / fc2 activations), the final
+  norm, the output layer input and the cross-entropy's fp32 softmax, target mask and ids. Under
+  sequence parallelism the norm and linear inputs are the sequence shard (the gather runs again in
+  backward). Within 5% of measured per rank for the dense and MoE layouts of the tests.
+* **micro-batches in flight**: 1F1B keeps min(PP - stage, M) micro-batches' activations; the
+  interleaved schedule is simulated as megatron-core orders it (warm-up (PP - stage - 1) x 2 +
+  (VPP - 1) x PP forwards, chunks in groups of PP micro-batches). Full recompute keeps each
+  recomputed unit's input and, while one unit runs backward, its full activations; selective
+  recompute drops core attention's activations (recomputed from Q, K, V). Checked as the measured
+  peak of saved bytes alive at once.
+
+Modelled, not measured: dropout masks (hidden / attention dropout > 0: the tests run without
+dropout), CP (sequence terms / CP, attention as flash), megatron-core FSDP (params, grads and
+optimizer state sharded over DP by strategy, one layer's gathered params on top), the allocator's
+fragmentation and workspace, the communication buffers, torch_npu's own reserve (the planner's
+headroom covers them). Bytes are exact counts of what megatron-core allocates; the device's
+caching allocator rounds each block up (512 B on NPU / CUDA) and holds freed blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from megatron_npu.layout.buckets import Bucket, bucket_layout
+from megatron_npu.layout.model_shape import ModelShape
+from megatron_npu.layout.parallel_dims import ParallelDims, arg_value
+from megatron_npu.layout.planner import DTYPE_BYTES, ModelSpec, _is_expert, _stage_params
+
+# ---- settings --------------------------------------------------------------------------------
+
+
+@dataclass
+class MemorySettings:
+    """The training settings the bytes depend on, named as Megatron-LM's flags."""
+
+    use_distributed_optimizer: bool = False
+    sequence_parallel: bool = False
+    overlap_grad_reduce: bool = False
+    bucket_size: int | None = None
+    recompute_granularity: str | None = None  # full | selective
+    recompute_method: str | None = None  # uniform | block
+    recompute_num_layers: int | None = None
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    fused_attention: bool = False  # --use-flash-attn on a device with a fused kernel
+    attention_dropout: float = 0.1
+    hidden_dropout: float = 0.1
+    fp16_lm_cross_entropy: bool = False
+    attention_softmax_in_fp32: bool = False
+    fused_rms_norm: bool = False  # the device's fused RMSNorm (input + fp32 rstd) instead of the torch twin
+    optimizer: str = "adam"
+    fsdp_strategy: str | None = None  # megatron-core FSDP: optim | optim_grads | optim_grads_params
+    microbatch_group_size_per_vp_stage: int | None = None  # None: PP (megatron-core's default)
+
+
+@dataclass
+class RankMemory:
+    """One rank's predicted bytes."""
+
+    rank: int
+    pp_rank: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    saved_per_microbatch: dict[int, int]  # model chunk -> bytes one micro-batch saves
+    saved_by_type: dict[str, int]  # layer type -> bytes per micro-batch (all chunks of this rank)
+    in_flight: dict[int, int]  # model chunk -> micro-batches alive at the peak
+    saved_peak_bytes: int
+
+    @property
+    def state_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.state_bytes + self.saved_peak_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["saved_per_microbatch"] = {str(k): v for k, v in self.saved_per_microbatch.items()}
+        out["in_flight"] = {str(k): v for k, v in self.in_flight.items()}
+        return out | {"state_bytes": self.state_bytes, "total_bytes": self.total_bytes}
+
+
+# ---- parameters, gradients, optimizer state -------------------------------------------------------
+
+
+def _shard_elements(buckets: list[Bucket], dp: int, dp_rank: int) -> int:
+    """Parameter elements in this DP rank's shard of each bucket (the distributed optimizer's range)."""
+    total = 0
+    for b in buckets:
+        size = (b.end - b.start) // dp
+        lo, hi = b.start + dp_rank * size, b.start + (dp_rank + 1) * size
+        total += sum(max(0, min(hi, e) - max(lo, s)) for _, s, e in b.params)
+    return total
+
+
+def _state_bytes(
+    model: ModelSpec, st: MemorySettings, buffers: list[tuple[list[tuple[str, int]], int, int, bool, set]]
+) -> tuple[int, int, int]:
+    """(params, grads, optimizer) bytes of DDP buffers given as (params, dp size, dp rank, bucketed, shared)."""
+    pb, gb = DTYPE_BYTES[model.params_dtype], model.grad_bytes()
+    master = 4 if model.params_dtype != "fp32" else 0  # an fp32 model's master copy is the parameter
+    moments = 8 if st.optimizer == "adam" else 4  # Adam: exp_avg, exp_avg_sq; SGD: momentum
+    dist_opt = st.use_distributed_optimizer or st.fsdp_strategy is not None
+    param_bytes = grad_bytes = opt_bytes = 0
+    bucket_size = st.bucket_size
+    for params, dp, dp_rank, bucketed, shared in buffers:
+        if not params:
+            continue
+        size = (bucket_size or max(40_000_000, 1_000_000 * dp)) if bucketed else None
+        buckets = bucket_layout(params, dp, dist_opt, size, shared)
+        numel = buckets[-1].end
+        count = sum(n for _, n in params)
+        shard = _shard_elements(buckets, dp, dp_rank) if dist_opt else count
+        grads_sharded = st.fsdp_strategy in ("optim_grads", "optim_grads_params")
+        params_sharded = st.fsdp_strategy == "optim_grads_params"
+        param_bytes += (numel // dp if params_sharded else numel if dist_opt else count) * pb
+        grad_bytes += (numel // dp if grads_sharded else numel) * gb
+        opt_bytes += shard * (master + moments)
+    return param_bytes, grad_bytes, opt_bytes
+
+
+def _rank_buffers(
+    model: ModelSpec, st: MemorySettings, dims: ParallelDims, rank_coords: dict[str, int]
+) -> tuple[list, list[list[tuple[str, int]]], list[list[bool]]]:
+    """This rank's DDP buffers (one dense and, under EP > 1, one expert buffer per model chunk), its
+    chunks' parameter lists and their MoE-layer patterns."""
+    pp, vpp = dims.pp, dims.virtual_stages
+    chunk_layers = dims.layers_per_chunk(model.num_layers)
+    local_experts = (model.num_experts or 0) // dims.ep
+    shared = {"embedding.word_embeddings.weight", "output_layer.weight"} if model.tied and pp > 1 else set()
+    buffers, chunks, patterns = [], [], []
+    for c in range(vpp):
+        vstage = c * pp + rank_coords["pp"]
+        moe = model.moe_layers(vstage * chunk_layers, chunk_layers)
+        params = _stage_params(
+            model,
+            dims.tp,
+            chunk_layers,
+            vstage == 0,
+            vstage == pp * vpp - 1,
+            pp,
+            moe,
+            (local_experts, dims.expert_tp),
+        )
+        chunks.append(params)
+        patterns.append(moe)
+        bucketed = st.overlap_grad_reduce and rank_coords["pp"] == 0 and c == 0
+        if dims.ep > 1:
+            dense = [p for p in params if not _is_expert(p[0])]
+            experts = [p for p in params if _is_expert(p[0])]
+            buffers.append((dense, dims.dp_cp, rank_coords["dp_cp"], bucketed, shared))
+            buffers.append((experts, dims.expert_dp, rank_coords["edp"], bucketed, set()))
+        else:
+            buffers.append((params, dims.dp_cp, rank_coords["dp_cp"], bucketed, shared))
+    return buffers, chunks, patterns
+
+
+# ---- activations ---------------------------------------------------------------------------------
+
+
+def _norm(model: ModelSpec, st: MemorySettings, tokens: int, h: int, act: int) -> int:
+    """A norm's saved tensors. LayerNorm (torch's kernel): input, mean and rstd in the activations'
+    dtype. RMSNorm: this project's torch twin computes in fp32 (the fp32 input, rstd and the
+    normalized input for the weight's gradient); a fused kernel (``fused_rms_norm``) saves the input
+    and an fp32 rstd."""
+    if model.normalization != "RMSNorm":
+        return tokens * h * act + 2 * tokens * act
+    if st.fused_rms_norm:
+        return tokens * h * act + tokens * 4
+    return 2 * tokens * h * 4 + tokens * 4
+
+
+def _attention(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: int) -> dict[str, int]:
+    """One layer's attention: norm, QKV input and output, core attention, projection input."""
+    shape, tp, b = model.shape, dims.tp, model.micro_batch_size
+    s = model.seq_length // dims.cp
+    sp = st.sequence_parallel and tp > 1
+    tokens, shard = s * b, s * b // (tp if sp else 1)
+    heads = shape.num_attention_heads // tp
+    q = heads * shape.kv_channels
+    kv = shape.num_query_groups // tp * shape.kv_channels if shape.num_query_groups >= tp else shape.kv_channels
+    qkv_out = tokens * (q + 2 * kv) * act
+    rope = model.position_embedding_type == "rope"
+    out = {"norm": _norm(model, st, shard, model.hidden_size, act), "qkv_in": shard * model.hidden_size * act}
+    # RoPE writes new Q and K (the V view keeps the fused QKV output alive)
+    out["qkv_out"] = qkv_out + (tokens * (q + kv) * act + 2 * s * shape.kv_channels * act if rope else 0)
+    selective = st.recompute_granularity == "selective" and "core_attn" in st.recompute_modules
+    if st.fused_attention:
+        out["core_attn"] = tokens * q * act + b * heads * s * 4  # output and fp32 log-sum-exp
+    elif selective:
+        out["core_attn"] = 0  # recomputed from Q, K, V in backward
+    else:
+        scores = b * heads * s * s
+        out["core_attn"] = scores * act + s * s  # softmax output, causal mask (bool)
+        if st.attention_softmax_in_fp32 and act != 4:
+            out["core_attn"] += scores * 4  # the fp32 softmax output besides the probabilities cast back
+        if st.attention_dropout > 0:
+            out["core_attn"] += scores * (1 + act)  # dropout mask and output
+    out["proj_in"] = tokens * q * act
+    if st.hidden_dropout > 0:
+        out["dropout"] = 2 * shard * model.hidden_size  # two bias-dropout-add masks (bool)
+    return out
+
+
+def _mlp(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: int) -> dict[str, int]:
+    """A dense MLP: norm, fc1 input, fc1 output (the activation's input), fc2 input."""
+    tp, b, s = dims.tp, model.micro_batch_size, model.seq_length // dims.cp
+    sp = st.sequence_parallel and tp > 1
+    tokens, shard, ffn = s * b, s * b // (tp if sp else 1), model.ffn // tp
+    return {
+        "norm": _norm(model, st, shard, model.hidden_size, act),
+        "fc1_in": shard * model.hidden_size * act,
+        # SwiGLU: fc1's [gate, value] output, silu(gate) and its product's other factor
+        "fc1_out": tokens * ffn * (4 if model.swiglu else 1) * act,
+        "fc2_in": tokens * ffn * act,
+    }
+
+
+def _moe(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: int, capacity: float | None) -> dict[str, int]:
+    """An MoE layer (alltoall dispatcher, SequentialMLP experts): norm, router, permutation indices,
+    the tokens this rank's experts receive and their activations, shared experts."""
+    tp, b, s = dims.tp, model.micro_batch_size, model.seq_length // dims.cp
+    sp = st.sequence_parallel and tp > 1
+    shard, h, k, e = s * b // (tp if sp else 1), model.hidden_size, model.moe_router_topk, model.num_experts or 0
+    local, sources = e // dims.ep, dims.ep * dims.expert_tp  # tokens come from every rank of expert TP x EP
+    if capacity is None:  # dropless: the upper bound, every source's tokens routed to this rank's experts
+        routed = shard * sources * min(k, local)
+    else:  # each source sends at most its capacity to each expert
+        routed = math.ceil(capacity * shard * k / e) * local * sources
+    ffn = model.moe_ffn // dims.expert_tp
+    out = {
+        "norm": _norm(model, st, shard, h, act),
+        # input, top-k ids (int64) and probabilities (fp32), routing map (bool); at capacity the
+        # kept tokens' ids per expert (int64)
+        "router": shard * h * act
+        + shard * k * 12
+        + shard * e
+        + (routed // local // sources * e * 8 if capacity else 0),
+        "permute": 2 * shard * k * 8,  # permutation indices (int64), the combine's and the dispatch's
+        # the experts' input, the routing probabilities applied inside them (fp32), fc1 out, activation, fc2 in
+        "experts": routed * h * act + routed * 4 + routed * ffn * (5 if model.swiglu else 3) * act,
+    }
+    shared = model.moe_shared_expert_intermediate_size
+    if shared:
+        out["shared_experts"] = shard * h * act + s * b * shared // tp * (5 if model.swiglu else 3) * act
+    return out
+
+
+def _embedding(model: ModelSpec, dims: ParallelDims) -> int:
+    """Token ids (int64; under TP the masked ids and the out-of-range mask) and position ids."""
+    tokens = model.seq_length // dims.cp * model.micro_batch_size
+    out = tokens * 8 + (tokens if dims.tp > 1 else 0)
+    if model.position_embedding_type == "learned_absolute":
+        out += tokens * 8
+    return out
+
+
+def _output(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: int) -> int:
+    """Final norm, output layer input, vocab-parallel cross-entropy (softmax in fp32, target mask,
+    target ids)."""
+    tp, b, s = dims.tp, model.micro_batch_size, model.seq_length // dims.cp
+    sp = st.sequence_parallel and tp > 1
+    tokens, shard = s * b, s * b // (tp if sp else 1)
+    softmax = tokens * model.padded_vocab(tp) // tp * (act if st.fp16_lm_cross_entropy else 4)
+    return _norm(model, st, shard, model.hidden_size, act) + shard * model.hidden_size * act + softmax + tokens * 9
+
+
+def _recompute_plan(st: MemorySettings, layers: list[int], unit_input: int, scores: int) -> list[tuple[int, int]]:
+    """(bytes kept from forward, bytes added while recomputed in backward) per recompute unit, bottom
+    to top. Full uniform: units of --recompute-num-layers layers keep their input; full block: the
+    first --recompute-num-layers layers each keep their input, the rest keep everything; selective:
+    each layer drops its core attention's scores and recomputes them."""
+    if st.recompute_granularity == "selective" and not st.fused_attention:
+        return [(full, scores) for full in layers]
+    if st.recompute_granularity != "full":
+        return [(full, 0) for full in layers]
+    n = st.recompute_num_layers or 1
+    if st.recompute_method == "block":
+        return [(unit_input, full - unit_input) if i < n else (full, 0) for i, full in enumerate(layers)]
+    units = [layers[i : i + n] for i in range(0, len(layers), n)]
+    return [(unit_input, sum(unit) - unit_input) for unit in units]
+
+
+def _chunk_activations(
+    model: ModelSpec, st: MemorySettings, dims: ParallelDims, first: bool, last: bool, moe: list[bool], act: int
+) -> tuple[int, int, dict[str, int]]:
+    """(bytes one micro-batch of this chunk saves, the most alive for it during its backward, bytes by
+    layer type). Backward runs top down: the output layer's and the upper layers' tensors are freed
+    before a lower unit is recomputed."""
+    capacity = getattr(model, "moe_expert_capacity_factor", None)
+    attn_parts = _attention(model, st, dims, act)
+    attn = sum(attn_parts.values())
+    dense, moe_layer = sum(_mlp(model, st, dims, act).values()), sum(_moe(model, st, dims, act, capacity).values())
+    layers = [attn + (moe_layer if m else dense) for m in moe]
+    embedding = _embedding(model, dims) if first else 0
+    output = _output(model, st, dims, act) if last else 0
+    tp_sp = dims.tp if st.sequence_parallel and dims.tp > 1 else 1
+    unit_input = model.seq_length // dims.cp * model.micro_batch_size // tp_sp * model.hidden_size * act
+    scores = _attention(model, replace(st, recompute_granularity=None), dims, act)["core_attn"]
+    plan = _recompute_plan(st, layers, unit_input, scores)
+    kept = sum(k for k, _ in plan)
+    during, below = embedding + output, embedding
+    for k, added in plan:
+        below += k
+        during = max(during, below + added)
+    by_type = {"embedding": embedding, "output": output}
+    if st.recompute_granularity == "full":
+        by_type["layers (recompute: kept)"] = kept
+    else:
+        by_type |= {"attention": attn * len(moe), "mlp": dense * moe.count(False), "moe": moe_layer * moe.count(True)}
+    return embedding + kept + output, during, by_type
+
+
+def in_flight(pp: int, vpp: int, pp_rank: int, microbatches: int, group: int | None = None) -> tuple[dict, int]:
+    """Micro-batches alive per chunk at the schedule's peak, megatron-core's 1F1B / interleaved order:
+    ({chunk: count}, index of the forward that reaches it). Non-interleaved: min(PP - stage, M)."""
+    group = group or pp
+    total = microbatches * vpp
+    if vpp == 1:
+        warmup = min(pp - pp_rank - 1, microbatches)
+    else:
+        warmup = (pp - pp_rank - 1) * 2 + (vpp - 1) * group
+    warmup = min(warmup, total)
+
+    def fwd_chunk(k: int) -> int:
+        return (k // group) % vpp
+
+    def bwd_chunk(k: int) -> int:
+        return vpp - 1 - (k // group) % vpp
+
+    alive = dict.fromkeys(range(vpp), 0)
+    best, best_at = dict(alive), -1
+    for k in range(warmup):
+        alive[fwd_chunk(k)] += 1
+        if sum(alive.values()) > sum(best.values()):
+            best, best_at = dict(alive), k
+    for j, k in enumerate(range(warmup, total)):
+        alive[fwd_chunk(k)] += 1
+        if sum(alive.values()) > sum(best.values()):
+            best, best_at = dict(alive), k
+        alive[bwd_chunk(j)] -= 1
+    return best, best_at
+
+
+def _peak(saved: dict[int, int], during: dict[int, int], counts: dict[int, int], loss: int) -> int:
+    """Bytes alive at the peak: the in-flight micro-batches after the forward that reaches it, or
+    while the oldest of them runs backward (a recomputed unit's working set), plus the loss
+    function's saved [b, s] on the last stage."""
+    stored = sum(saved[c] * n for c, n in counts.items())
+    backward = max((stored - saved[c] + during[c] for c, n in counts.items() if n), default=0)
+    return max(stored, backward) + loss
+
+
+# ---- per rank ------------------------------------------------------------------------------------
+
+
+def predict(model: ModelSpec, dims: ParallelDims, st: MemorySettings, rank: int) -> RankMemory:
+    """One rank's bytes: state (params, grads, optimizer) and the activations at the schedule's peak."""
+    coords = rank_coordinates(dims, rank)
+    buffers, chunks, patterns = _rank_buffers(model, st, dims, coords)
+    param_bytes, grad_bytes, opt_bytes = _state_bytes(model, st, buffers)
+    act = DTYPE_BYTES[model.params_dtype]
+    pp, vpp = dims.pp, dims.virtual_stages
+    saved, during, by_type = {}, {}, {}
+    for c, moe in enumerate(patterns):
+        vstage = c * pp + coords["pp"]
+        saved[c], during[c], types = _chunk_activations(model, st, dims, vstage == 0, vstage == pp * vpp - 1, moe, act)
+        for k, v in types.items():
+            by_type[k] = by_type.get(k, 0) + v
+    mbs = dims.microbatches(model.global_batch_size, model.micro_batch_size)
+    counts, _ = in_flight(pp, vpp, coords["pp"], mbs, st.microbatch_group_size_per_vp_stage)
+    # pretrain_gpt.py's loss_func: the mask times the per-token losses keeps one fp32 [b, s]
+    loss = 4 * model.micro_batch_size * model.seq_length // dims.cp if coords["pp"] == pp - 1 else 0
+    return RankMemory(
+        rank=rank,
+        pp_rank=coords["pp"],
+        param_bytes=param_bytes,
+        grad_bytes=grad_bytes,
+        optimizer_bytes=opt_bytes,
+        saved_per_microbatch=saved,
+        saved_by_type={k: v for k, v in by_type.items() if v},
+        in_flight=counts,
+        saved_peak_bytes=_peak(saved, during, counts, loss),
+    )
+
+
+def rank_coordinates(dims: ParallelDims, rank: int) -> dict[str, int]:
+    """megatron-core's rank order tp-cp-ep-dp-pp (RankGenerator): this rank's pp stage, its index in
+    the dense gradient group (dp x cp) and in the experts' (expert dp)."""
+    tp, cp, pp = dims.tp, dims.cp, dims.pp
+    per_stage = dims.world_size // pp
+    pp_rank, in_stage = rank // per_stage, rank % per_stage
+    dp_cp = in_stage // tp  # cp and dp above tp: the dp x cp group index
+    etp_ep = dims.expert_tp * dims.ep
+    return {"pp": pp_rank, "dp_cp": dp_cp % (dims.dp * cp), "edp": in_stage // etp_ep}
+
+
+# ---- from the trainer's settings ------------------------------------------------------------------
+
+
+def _dtype(args: Any) -> str:
+    if arg_value(args, "bf16", False):
+        return "bf16"
+    return "fp16" if arg_value(args, "fp16", False) else "fp32"
+
+
+def model_spec_from_args(args: Any) -> ModelSpec:
+    """The planner's ModelSpec from pretrain_gpt.py's settings (a validated Namespace or args.json)."""
+    padded = arg_value(args, "padded_vocab_size")
+    vocab = padded or arg_value(args, "vocab_size")
+    if vocab is None:
+        raise ValueError("the vocabulary size is unknown: give --vocab-size")
+    if padded is None and arg_value(args, "tokenizer_type") == "NullTokenizer":
+        vocab += 1  # NullTokenizer's ids plus its eod
+    fp32_grads = arg_value(args, "accumulate_allreduce_grads_in_fp32")
+    spec = ModelSpec.from_shape(
+        ModelShape.from_args(args),
+        seq_length=int(arg_value(args, "seq_length")),
+        micro_batch_size=int(arg_value(args, "micro_batch_size", 1)),
+        global_batch_size=int(arg_value(args, "global_batch_size")),
+        untie_embeddings_and_output_weights=bool(arg_value(args, "untie_embeddings_and_output_weights", False)),
+        add_bias_linear=bool(arg_value(args, "add_bias_linear", True)),
+        normalization=arg_value(args, "normalization", "LayerNorm"),
+        position_embedding_type=arg_value(args, "position_embedding_type", "learned_absolute"),
+        max_position_embeddings=arg_value(args, "max_position_embeddings"),
+        params_dtype=_dtype(args),
+        grad_reduce_in_fp32=None if fp32_grads is None else bool(fp32_grads),
+        num_experts=arg_value(args, "num_experts"),
+        moe_router_topk=int(arg_value(args, "moe_router_topk", 2)),
+        moe_layer_freq=arg_value(args, "moe_layer_freq", 1),
+        moe_ffn_hidden_size=arg_value(args, "moe_ffn_hidden_size"),
+        moe_shared_expert_intermediate_size=arg_value(args, "moe_shared_expert_intermediate_size"),
+    )
+    spec.vocab_size = vocab
+    spec.moe_expert_capacity_factor = arg_value(args, "moe_expert_capacity_factor")  # type: ignore[attr-defined]
+    return spec
+
+
+def settings_from_args(args: Any) -> MemorySettings:
+    modules = arg_value(args, "recompute_modules") or ["core_attn"]
+    return MemorySettings(
+        use_distributed_optimizer=bool(arg_value(args, "use_distributed_optimizer", False)),
+        sequence_parallel=bool(arg_value(args, "sequence_parallel", False)),
+        overlap_grad_reduce=bool(arg_value(args, "overlap_grad_reduce", False)),
+        bucket_size=arg_value(args, "ddp_bucket_size"),
+        recompute_granularity=arg_value(args, "recompute_granularity"),
+        recompute_method=arg_value(args, "recompute_method"),
+        recompute_num_layers=arg_value(args, "recompute_num_layers"),
+        recompute_modules=tuple(modules),
+        fused_attention=bool(arg_value(args, "use_flash_attn", False)),
+        attention_dropout=float(arg_value(args, "attention_dropout", 0.1)),
+        hidden_dropout=float(arg_value(args, "hidden_dropout", 0.1)),
+        fp16_lm_cross_entropy=bool(arg_value(args, "fp16_lm_cross_entropy", False)),
+        optimizer=arg_value(args, "optimizer", "adam"),
+        microbatch_group_size_per_vp_stage=arg_value(args, "microbatch_group_size_per_vp_stage"),
+    )
+
+
+def predict_from_args(args: Any, rank: int, world_size: int | None = None) -> RankMemory:
+    """``predict`` for the rank of a run given by its settings (world size from the settings)."""
+    world = world_size or int(arg_value(args, "world_size"))
+    dims = ParallelDims.from_args(args, world)
+    return predict(model_spec_from_args(args), dims, settings_from_args(args), rank)
+
+
+def predict_all(model: ModelSpec, dims: ParallelDims, st: MemorySettings) -> list[RankMemory]:
+    """One RankMemory per distinct (pp stage, dp position) is enough for a search; this gives every rank."""
+    return [predict(model, dims, st, r) for r in range(dims.world_size)]

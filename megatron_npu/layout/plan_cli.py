@@ -1,0 +1,188 @@
+"""``megatron-npu plan``: per-rank communication and memory of one layout, or ``--search`` for the layouts that fit.
+
+Model and training flags are pretrain_gpt.py's own (a launch script's flags unchanged), parsed and
+validated by the trainer's parser (megatron_npu.training.arguments, no torch) for the world of
+``--nnodes`` x ``--nproc-per-node``; or ``--hf-config DIR`` gives the model flags of a Hugging Face
+config through the converter's mapping. The launcher's spellings ``--tp --pp --cp --ep --etp --vpp``
+and ``--dtype`` are accepted too. Data flags are not needed: without them the plan assumes
+``--mock-data``, and ``--train-iters 1`` without a length (neither changes a byte).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from megatron_npu.layout.memory import (
+    RankMemory,
+    predict,
+    settings_from_args,
+)
+from megatron_npu.layout.memory import (
+    model_spec_from_args as memory_model_spec,
+)
+from megatron_npu.layout.planner import HCCS_GBPS, ROCE_GBPS, ModelSpec, ParallelSpec, plan
+from megatron_npu.layout.rankmap import LayoutError, RankMap, build_rank_map
+
+# the launcher's short spellings -> pretrain_gpt.py's flags
+SHORT_FLAGS = {
+    "--tp": "--tensor-model-parallel-size",
+    "--pp": "--pipeline-model-parallel-size",
+    "--cp": "--context-parallel-size",
+    "--ep": "--expert-model-parallel-size",
+    "--etp": "--expert-tensor-parallel-size",
+    "--vpp": "--num-virtual-stages-per-pipeline-rank",
+}
+DTYPE_FLAGS = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}
+# what the plan fills in when a launch script's data and length flags are absent (no bytes depend on them)
+FILLERS = {
+    ("--train-iters", "--train-samples"): ["--train-iters", "1"],
+    ("--data-path", "--mock-data", "--train-data-path", "--per-split-data-args-path"): ["--mock-data"],
+}
+GB = 1024**3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="megatron-npu plan",
+        description=__doc__.splitlines()[0],
+        epilog="Every other flag is pretrain_gpt.py's (e.g. --num-layers, --bf16, --sequence-parallel).",
+    )
+    p.add_argument("--nnodes", type=int, required=True)
+    p.add_argument("--nproc-per-node", type=int, required=True)
+    p.add_argument("--hosts", default=None, help="comma-separated host list, one per node")
+    for short, long in SHORT_FLAGS.items():
+        p.add_argument(short, type=int, default=None, help=f"= {long}")
+    p.add_argument("--dtype", choices=sorted(DTYPE_FLAGS), default=None, help="= --bf16 / --fp16 (fp32: neither)")
+    p.add_argument("--hf-config", default=None, help="a Hugging Face model directory: its model flags")
+    p.add_argument(
+        "--intra-gbps", type=float, default=HCCS_GBPS, help=f"GB/s inside a node (ASSUMED {HCCS_GBPS}, HCCS)"
+    )
+    p.add_argument(
+        "--inter-gbps", type=float, default=ROCE_GBPS, help=f"GB/s between nodes (ASSUMED {ROCE_GBPS}, RoCE)"
+    )
+    p.add_argument("--search", action="store_true", help="enumerate layouts, keep those that fit, rank by step time")
+    p.add_argument("--top", type=int, default=5, help="--search: how many layouts to print")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def trainer_argv(a: argparse.Namespace, rest: list[str]) -> list[str]:
+    """pretrain_gpt.py's flags: the Hugging Face config's model flags, the given ones, the short spellings."""
+    argv: list[str] = []
+    if a.hf_config:
+        from megatron_npu.convert.hf_config import model_spec, read_config
+
+        spec = model_spec(read_config(a.hf_config))
+        argv += [*spec.flags(), "--vocab-size", str(spec.vocab_size)]
+    argv += rest
+    for short, long in SHORT_FLAGS.items():
+        value = getattr(a, short[2:])
+        if value is not None:
+            argv += [long, str(value)]
+    if a.dtype is not None:
+        argv += DTYPE_FLAGS[a.dtype]
+    return argv
+
+
+def with_fillers(argv: list[str]) -> list[str]:
+    given = {tok.split("=", 1)[0] for tok in argv if tok.startswith("--")}
+    out = list(argv)
+    for names, filler in FILLERS.items():
+        if not given & set(names):
+            out += filler
+    return out
+
+
+def parse_trainer_args(argv: list[str], world_size: int) -> argparse.Namespace:
+    """The trainer's own parser and validation (no torch; paths and the machine not checked)."""
+    from megatron_npu.training.arguments import parse_args
+
+    return parse_args(with_fillers(argv), world_size=world_size, check_paths=False, check_target=False)
+
+
+def rank_map_for(args: argparse.Namespace, a: argparse.Namespace) -> RankMap:
+    return build_rank_map(
+        tp=args.tensor_model_parallel_size,
+        pp=args.pipeline_model_parallel_size,
+        cp=args.context_parallel_size,
+        ep=args.expert_model_parallel_size,
+        vpp=args.virtual_pipeline_model_parallel_size,
+        nnodes=a.nnodes,
+        nproc_per_node=a.nproc_per_node,
+        hosts=a.hosts.split(",") if a.hosts else None,
+        etp=args.expert_tensor_parallel_size,
+        num_experts=args.num_experts,
+    )
+
+
+def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ParallelSpec]:
+    """The planner's inputs from pretrain_gpt.py's validated settings."""
+    model = memory_model_spec(args)
+    par = ParallelSpec(
+        sequence_parallel=bool(args.sequence_parallel),
+        use_distributed_optimizer=bool(args.use_distributed_optimizer),
+        overlap_grad_reduce=bool(args.overlap_grad_reduce),
+        bucket_size=args.ddp_bucket_size,
+        clip_grad=args.clip_grad,
+        recompute_full=args.recompute_granularity == "full",
+        per_token_loss=bool(args.calculate_per_token_loss),
+    )
+    return model, par
+
+
+def memory_by_stage(model: ModelSpec, rmap: RankMap, args: argparse.Namespace) -> list[RankMemory]:
+    """One prediction per pipeline stage (its first rank: DP rank 0 of the first TP group)."""
+    settings = settings_from_args(args)
+    per_stage = rmap.world_size // rmap.dims.pp
+    return [predict(model, rmap.dims, settings, stage * per_stage) for stage in range(rmap.dims.pp)]
+
+
+def memory_table(memory: list[RankMemory]) -> str:
+    out = [
+        "predicted memory per rank (GiB; parameters + gradients + optimizer state + activations at the peak):",
+        f"  {'stage':>5} {'params':>8} {'grads':>8} {'optim':>8} {'act/mb':>8} {'in flight':>9} {'act peak':>9} "
+        f"{'total':>8}",
+    ]
+    for m in memory:
+        flight = sum(m.in_flight.values())
+        act_mb = sum(m.saved_per_microbatch.values()) / GB
+        out.append(
+            f"  {m.pp_rank:5d} {m.param_bytes / GB:8.2f} {m.grad_bytes / GB:8.2f} {m.optimizer_bytes / GB:8.2f} "
+            f"{act_mb:8.2f} {flight:9d} {m.saved_peak_bytes / GB:9.2f} {m.total_bytes / GB:8.2f}"
+        )
+    out.append("  (megatron_npu/layout/memory.py: what is measured and what is only modelled)")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a, rest = build_parser().parse_known_args(argv)
+    from megatron_npu.policy import ConfigError
+
+    try:
+        targs = trainer_argv(a, rest)
+        if a.search:
+            from megatron_npu.layout.search import run_search
+
+            return run_search(a, targs)
+        args = parse_trainer_args(targs, a.nnodes * a.nproc_per_node)
+        rmap = rank_map_for(args, a)
+        model, par = specs_from_args(args)
+        result = plan(model, rmap, par, a.intra_gbps, a.inter_gbps)
+        memory = memory_by_stage(model, rmap, args)
+    except (LayoutError, ConfigError, ValueError) as exc:
+        print(f"plan: error: {exc}", file=sys.stderr)
+        return 2
+    if a.json:
+        out: dict[str, Any] = result.to_json() | {"memory": [m.to_json() for m in memory]}
+        print(json.dumps(out))
+    else:
+        print(result.table())
+        print(memory_table(memory))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The objects a run is built from, once the process groups exist: model chunks (one per
+virtual stage, on the device, in megatron-core's DDP), optimizer, LR scheduler, and the hooks
+megatron-core's schedules call back into. Each reads the settings and nothing else."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.optimizer import get_megatron_optimizer, get_standard_config_overrides
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.transformer.module import Float16Module
+from megatron.core.utils import get_model_config
+
+from megatron_npu.accelerator import get_accelerator
+from megatron_npu.training.config import ddp_config, optimizer_config
+
+
+def _call_provider(model_provider: Callable, pre: bool, post: bool, vp_stage: int | None) -> torch.nn.Module:
+    if "vp_stage" in inspect.signature(model_provider).parameters:
+        return model_provider(pre_process=pre, post_process=post, vp_stage=vp_stage)
+    return model_provider(pre_process=pre, post_process=post)
+
+
+def build_model(model_provider: Callable, args: argparse.Namespace) -> list[DistributedDataParallel]:
+    """One model chunk per virtual stage, on the device, wrapped in megatron-core DDP."""
+    vpp = args.virtual_pipeline_model_parallel_size
+    chunks = []
+    for vp_stage in range(vpp) if vpp else [None]:
+        if vp_stage is not None:
+            parallel_state.set_virtual_pipeline_model_parallel_rank(vp_stage)
+        ignore_virtual = vp_stage is None
+        pre = parallel_state.is_pipeline_first_stage(ignore_virtual=ignore_virtual, vp_stage=vp_stage)
+        post = parallel_state.is_pipeline_last_stage(ignore_virtual=ignore_virtual, vp_stage=vp_stage)
+        chunks.append(_call_provider(model_provider, pre, post, vp_stage))
+    if vpp:
+        parallel_state.set_virtual_pipeline_model_parallel_rank(0)
+    device = get_accelerator().device()
+    for chunk in chunks:
+        for param in chunk.parameters():
+            tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+        chunk.to(device)
+    if args.fp16 or args.bf16:
+        chunks = [Float16Module(chunk.config, chunk) for chunk in chunks]
+    config = get_model_config(chunks[0])
+    wrapped = [
+        DistributedDataParallel(config=config, ddp_config=ddp_config(args), module=chunk, disable_bucketing=i > 0)
+        for i, chunk in enumerate(chunks)
+    ]
+    if args.data_parallel_random_init:
+        for chunk in wrapped:
+            chunk.broadcast_params()
+    return wrapped
+
+
+def build_scheduler(optimizer: Any, args: argparse.Namespace) -> OptimizerParamScheduler:
+    """Megatron-LM's scheduler arithmetic: steps count samples, not iterations."""
+    if args.train_iters:
+        decay_steps = (args.lr_decay_iters or args.train_iters) * args.global_batch_size
+        wd_steps = args.train_iters * args.global_batch_size
+        warmup_steps = args.lr_warmup_iters * args.global_batch_size
+        wsd_steps = args.lr_wsd_decay_iters * args.global_batch_size if args.lr_wsd_decay_iters else None
+    else:
+        decay_steps = args.lr_decay_samples or args.train_samples
+        wd_steps = args.train_samples
+        warmup_steps = args.lr_warmup_samples
+        wsd_steps = args.lr_wsd_decay_samples
+    if args.lr_warmup_fraction is not None:
+        warmup_steps = args.lr_warmup_fraction * decay_steps
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=args.lr_warmup_init,
+        max_lr=args.lr,
+        min_lr=args.min_lr,
+        lr_warmup_steps=warmup_steps,
+        lr_decay_steps=decay_steps,
+        lr_decay_style=args.lr_decay_style,
+        start_wd=args.start_weight_decay,
+        end_wd=args.end_weight_decay,
+        wd_incr_steps=wd_steps,
+        wd_incr_style=args.weight_decay_incr_style,
+        use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
+        override_opt_param_scheduler=args.override_opt_param_scheduler,
+        wsd_decay_steps=wsd_steps,
+        lr_wsd_decay_style=args.lr_wsd_decay_style,
+    )
+
+
+def build_optimizer(model: list, args: argparse.Namespace) -> Any:
+    """megatron-core's optimizer with the standard overrides (the decoupled group marked
+    is_decoupled_lr: patches/optimizer.py)."""
+    config = optimizer_config(args)
+    overrides = get_standard_config_overrides(config=config)
+    return get_megatron_optimizer(config, model, config_overrides=overrides)
+
+
+def wire_model_config(model: list, optimizer: Any, timers: Any, args: argparse.Namespace) -> Any:
+    """The hooks megatron-core's schedules call back into (as Megatron-LM sets them)."""
+    config = get_model_config(model[0])
+    config.timers = timers
+    config.grad_scale_func = optimizer.scale_loss
+    config.finalize_model_grads_func = finalize_model_grads
+    if args.overlap_grad_reduce:
+        no_sync = [chunk.no_sync for chunk in model]
+        config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
+        if args.align_grad_reduce:
+            grad_sync = [chunk.start_grad_sync for chunk in model]
+            config.grad_sync_func = grad_sync[0] if len(model) == 1 else grad_sync
+    if args.overlap_param_gather and args.align_param_gather:
+        param_sync = [chunk.start_param_sync for chunk in model]
+        config.param_sync_func = param_sync[0] if len(model) == 1 else param_sync
+    return config

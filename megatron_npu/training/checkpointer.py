@@ -1,0 +1,64 @@
+"""The trainer's checkpoint component: when to save, and what saving and loading touch besides
+the files (checkpointing.py writes and reads those)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from megatron_npu.training import checkpointing
+from megatron_npu.training.faults import FaultPlan
+from megatron_npu.training.run_state import RunState
+
+
+class Checkpointer:
+    """--save every --save-interval and at the end of the run, --load at the start."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        state: RunState,
+        model: list,
+        optimizer: Any,
+        scheduler: Any,
+        faults: FaultPlan | None,
+    ) -> None:
+        self.args, self.state = args, state
+        self.model, self.optimizer, self.scheduler, self.faults = model, optimizer, scheduler, faults
+        self.saved_iteration: int | None = None
+        self.first_iteration = 0
+
+    def clean_unfinished(self) -> None:
+        """A save killed part-way leaves ``iter_N.partial``: removed (and said) before anything else."""
+        if self.args.save:
+            checkpointing.clean_unfinished_saves(self.args.save)
+
+    def load(self) -> None:
+        """--load into the model, optimizer, scheduler and RNG; the run state takes the saved counters."""
+        if self.args.load:
+            loaded = checkpointing.load_checkpoint(self.model, self.optimizer, self.scheduler, self.args)
+            self.state.load_state_dict(loaded.state_dict())
+        self.first_iteration = self.state.iteration
+
+    def due(self, iteration: int) -> bool:
+        args = self.args
+        return bool(args.save and args.save_interval and iteration % args.save_interval == 0)
+
+    def save(self) -> None:
+        """Save the current iteration (atomically: checkpointing.save_checkpoint)."""
+        overlap = self.args.overlap_param_gather
+        if overlap:  # saved weights must be the gathered, updated ones
+            for chunk in self.model:
+                chunk.disable_forward_pre_hook(param_sync=True)
+        in_save = self.faults.fire_in_save if self.faults else None
+        checkpointing.save_checkpoint(self.state, self.model, self.optimizer, self.scheduler, self.args, in_save)
+        if overlap:
+            for chunk in self.model:
+                chunk.enable_forward_pre_hook()
+        self.saved_iteration = self.state.iteration
+
+    def save_last(self) -> None:
+        """The last iteration trained is always on disk (Megatron-LM does the same)."""
+        trained = self.state.iteration > self.first_iteration
+        if self.args.save and trained and self.saved_iteration != self.state.iteration:
+            self.save()

@@ -1,0 +1,82 @@
+"""The training loop as named steps over small components (in the spirit of torchtitan's trainer):
+the step (step.py), metrics (metrics.py), evaluation (evaluation.py), checkpoints
+(checkpointer.py), the batch-size schedule, the profiler and the exit policy. The settings are read
+only; what the loop advances is ``RunState``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+from megatron_npu.accelerator import get_accelerator
+from megatron_npu.training.batch_schedule import BatchSizeSchedule
+from megatron_npu.training.checkpointer import Checkpointer
+from megatron_npu.training.data import total_iterations
+from megatron_npu.training.evaluation import Validator
+from megatron_npu.training.exit_policy import ExitPolicy
+from megatron_npu.training.faults import FaultPlan
+from megatron_npu.training.global_vars import print_rank_0
+from megatron_npu.training.metrics import StepRecord, TrainingMetrics
+from megatron_npu.training.profiler import StepProfiler
+from megatron_npu.training.run_state import RunState
+from megatron_npu.training.step import TrainStep
+
+
+class Trainer:
+    """One run: its components over the model chunks, optimizer and scheduler."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        state: RunState,
+        model: list,
+        optimizer: Any,
+        scheduler: Any,
+        forward_step: Callable,
+        timers: Any,
+    ) -> None:
+        self.args, self.state = args, state
+        self.faults = FaultPlan.from_env()
+        self.step = TrainStep(args, state, model, optimizer, scheduler, forward_step, timers)
+        self.checkpointer = Checkpointer(args, state, model, optimizer, scheduler, self.faults)
+        self.validator = Validator(args, state, self.step)
+        self.batch_schedule = BatchSizeSchedule(args, state)
+        self.profiler = StepProfiler(args)
+        self.train_iters = total_iterations(args)
+
+    def train(self, train_iterators: list, valid_iterators: list | None) -> None:
+        """Steps until --train-iters (or an exit condition), with evaluations and saves between them."""
+        state = self.state
+        metrics = TrainingMetrics(self.args, state, self.step.optimizer, self.step.timers, self.train_iters)
+        with ExitPolicy(self.args) as exit_policy:
+            while state.iteration < self.train_iters:
+                state.iteration += 1
+                metrics.write(self.train_one_step(train_iterators, metrics))
+                if valid_iterators is not None and self.validator.due(state.iteration):
+                    self.validator.run(valid_iterators, f"at iteration {state.iteration}", metrics.writer)
+                if self.checkpointer.due(state.iteration):
+                    self.checkpointer.save()
+                metrics.end_of_iteration()
+                state.exit_reason = exit_policy.reason(state.iteration)
+                if state.exit_reason:
+                    print_rank_0(f"exiting program {state.exit_reason}")
+                    break
+            self.checkpointer.save_last()
+        metrics.close()
+
+    def train_one_step(self, iterators: list, metrics: TrainingMetrics) -> StepRecord:
+        """Iteration ``state.iteration``: its batch size, the step (timed, maybe profiled), its record."""
+        iteration, accelerator = self.state.iteration, get_accelerator()
+        if self.faults:
+            self.faults.fire(iteration, self.step.model)
+        batch_size = self.batch_schedule.advance()
+        self.profiler.before(iteration)
+        accelerator.synchronize()
+        started = time.perf_counter()
+        result = self.step(iterators)
+        accelerator.synchronize()
+        elapsed = time.perf_counter() - started
+        self.profiler.after(iteration)
+        return metrics.account(result, batch_size, elapsed)

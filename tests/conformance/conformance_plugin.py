@@ -1,0 +1,121 @@
+"""pytest plugin loaded into every rank of a conformance run (``-p conformance_plugin``).
+
+It imports the patch layer before megatron-core's own conftest imports megatron-core, records
+every test's outcome per rank as JSON lines (the runner merges the ranks), and turns a test
+that outlives its timeout into a named failure: every thread's stack is written, then the
+rank exits, so torchrun stops the job and the runner restarts it after that test.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import megatron_npu  # noqa: F401  (the patch layer, applied on import, in every rank)
+
+OUT_ENV = "CONFORMANCE_OUT"
+TIMEOUT_ENV = "CONFORMANCE_TEST_TIMEOUT"
+DESELECT_ENV = "CONFORMANCE_DESELECT"
+HANG_EXIT = 86
+_RANK = os.environ.get("RANK", "0")
+_write_lock = threading.Lock()
+
+
+def _out_dir() -> Path:
+    return Path(os.environ.get(OUT_ENV, "."))
+
+
+def _record(payload: dict[str, Any]) -> None:
+    line = json.dumps({"rank": int(_RANK), **payload})
+    with _write_lock, open(_out_dir() / f"rank{_RANK}.jsonl", "a") as sink:
+        sink.write(line + "\n")  # one write per record: ranks never interleave within a file
+
+
+def _stack_file() -> Any:
+    return open(_out_dir() / f"stacks-rank{_RANK}.txt", "a")  # noqa: SIM115 (held for faulthandler)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # torchrun stops the other ranks with SIGTERM after one exits: their stacks too.
+    config._conformance_stacks = _stack_file()  # type: ignore[attr-defined]
+    faulthandler.register(signal.SIGTERM, file=config._conformance_stacks, all_threads=True, chain=True)
+    _quiet_torch_debug_logging()
+
+
+def _quiet_torch_debug_logging() -> None:
+    """Harness: with pytest 9, caplog's handler sits on the root logger at level 0, and torch
+    2.13's loggers (no level of their own below WARNING) then pass their DEBUG records into
+    tests that assert on caplog's exact content. Upstream pins pytest 8.3.5; torch's loggers are
+    held at WARNING here, which touches none of megatron-core's loggers."""
+    logging.getLogger("torch").setLevel(logging.WARNING)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    listed = os.environ.get(DESELECT_ENV)
+    if not listed:
+        return
+    done = set(Path(listed).read_text().splitlines())
+    kept = [item for item in items if item.nodeid not in done]
+    config.hook.pytest_deselected(items=[item for item in items if item.nodeid in done])
+    items[:] = kept
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.failed:
+        _record({"nodeid": report.nodeid, "event": "collect_error", "message": _message(report)})
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    _record({"nodeid": nodeid, "event": "start", "time": time.time()})
+
+
+def _message(report: Any) -> str:
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    if crash is not None:
+        return f"{crash.message} ({Path(crash.path).name}:{crash.lineno})"
+    return str(getattr(report, "longrepr", ""))[-2000:]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    payload: dict[str, Any] = {"nodeid": report.nodeid, "event": report.when, "outcome": report.outcome}
+    payload["duration"] = round(report.duration, 3)
+    if report.failed:
+        payload["message"] = _message(report)
+        payload["detail"] = str(report.longrepr)[-6000:]
+    elif report.skipped:
+        payload["xfail"] = hasattr(report, "wasxfail")
+        longrepr = report.longrepr
+        payload["message"] = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    elif hasattr(report, "wasxfail"):
+        payload["xpass"] = True
+    _record(payload)
+
+
+def _on_timeout(nodeid: str, timeout: float, stacks: Any) -> None:
+    _record({"nodeid": nodeid, "event": "hang", "message": f"no result after {timeout:.0f} s"})
+    stacks.write(f"\n=== rank {_RANK}: {nodeid} ran past {timeout:.0f} s; every thread:\n")
+    stacks.flush()
+    faulthandler.dump_traceback(file=stacks, all_threads=True)
+    stacks.flush()
+    os._exit(HANG_EXIT)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    timeout = float(os.environ.get(TIMEOUT_ENV, "300"))
+    timer = threading.Timer(timeout, _on_timeout, args=(item.nodeid, timeout, item.config._conformance_stacks))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

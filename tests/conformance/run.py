@@ -1,0 +1,174 @@
+"""Run megatron-core's own unit tests on the patch layer and write the conformance table.
+
+    python -m tests.conformance.run [FOLDER ...] [--nproc 8] [--timeout 300] [--out DIR]
+
+Each FOLDER (relative to ``tests/unit_tests``, a file works too) runs as upstream runs it:
+``torchrun --nproc_per_node 8 -m pytest -m "not experimental and not flaky and not
+flaky_in_dev"`` from the suite's root, with ``-p conformance_plugin`` (the patch layer in every
+rank, per-rank records, the per-test timeout). A job that dies on a hung or crashed test is
+started again after that test, so one hang costs one test, not the folder. Exit status 0 when
+every failure is an expected one and no expected failure passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .results import FolderReport, TestResult, judge, merge, read_records, table, target_capabilities
+from .suite import WORKDIR, unpack
+
+PLUGIN_DIR = Path(__file__).resolve().parent
+MARKERS = "not experimental and not flaky and not flaky_in_dev"
+DEFAULT_FOLDERS = (
+    "tensor_parallel",
+    "pipeline_parallel",
+    "distributed",
+    "optimizer",
+    "dist_checkpointing",
+    "transformer",
+    "models",
+)
+MAX_ATTEMPTS = 12
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _environment(out: Path, timeout: float, deselect: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("MEGATRON_NPU_DEVICE", "cpu")
+    tmp = WORKDIR / "tmp"  # short: the async checkpoint writer's unix socket path lives here
+    tmp.mkdir(parents=True, exist_ok=True)
+    env.update(
+        CONFORMANCE_OUT=str(out),
+        CONFORMANCE_TEST_TIMEOUT=str(timeout),
+        CONFORMANCE_DESELECT=str(deselect),
+        TMPDIR=str(tmp),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGIN_DIR), env.get("PYTHONPATH", "")])),
+    )
+    return env
+
+
+def _command(folder: str, nproc: int) -> list[str]:
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
+    torchrun += ["--master_addr", "127.0.0.1", "--master_port", str(_free_port())]
+    pytest = ["-m", "pytest", "-p", "conformance_plugin", "-p", "no:cacheprovider", "-q", "-m", MARKERS]
+    # Upstream's addopts stop at the first failure (-x) and at a collection error: a table needs all.
+    pytest += ["--maxfail", "1000000", "--continue-on-collection-errors"]
+    return [*torchrun, *pytest, f"tests/unit_tests/{folder}"]
+
+
+def _launch(root: Path, folder: str, out: Path, args: argparse.Namespace, deselect: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "job.log", "w") as log:
+        process = subprocess.Popen(
+            _command(folder, args.nproc),
+            cwd=root,
+            env=_environment(out, args.timeout, deselect),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            return process.wait(timeout=args.job_timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait()
+            return -1
+
+
+def _unfinished(records: list[dict]) -> set[str]:
+    """Tests some rank started and never finished (hung, or the job died under them)."""
+    merged = merge(records)
+    return {nodeid for nodeid, result in merged.items() if result.outcome in ("hang", "crash")}
+
+
+def _job_failure(folder: str, log: Path) -> TestResult:
+    """A job that ended before any test (a conftest import error, a launch failure): one named error."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith(("E ", "Error"))]
+    return TestResult(folder, "error", message="job ended before any test: " + " / ".join(lines[:3]), detail=str(log))
+
+
+def run_folder(root: Path, folder: str, args: argparse.Namespace) -> FolderReport:
+    report = FolderReport(folder)
+    slug = folder.replace("/", "__")
+    records: list[dict] = []
+    done: set[str] = set()
+    start = time.monotonic()
+    for attempt in range(MAX_ATTEMPTS):
+        out = args.out / slug / f"attempt{attempt}"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        deselect = out / "deselect.txt"
+        deselect.write_text("\n".join(sorted(done)))
+        returncode = _launch(root, folder, out, args, deselect)
+        new = read_records(out)
+        records.extend(new)
+        report.attempts = attempt + 1
+        if not new and returncode != 0:
+            report.results[folder] = _job_failure(folder, out / "job.log")
+        stuck = _unfinished(new)
+        print(f"  {folder} attempt {attempt}: exit {returncode}, {len(merge(new))} tests, stuck: {sorted(stuck)}")
+        if not stuck or stuck <= done:
+            break
+        done |= set(merge(new))
+    report.seconds = time.monotonic() - start
+    report.results.update(merge(records))
+    return report
+
+
+def recorded_folder(folder: str, out: Path) -> FolderReport:
+    """A folder's report from the records of an earlier run (its time is not kept)."""
+    attempts = sorted((out / folder.replace("/", "__")).glob("attempt*"))
+    report = FolderReport(folder, attempts=len(attempts))
+    report.results = merge(record for attempt in attempts for record in read_records(attempt))
+    return report
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.conformance.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="*", default=list(DEFAULT_FOLDERS), help="under tests/unit_tests")
+    parser.add_argument("--nproc", type=int, default=8, help="ranks, as upstream (8)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds one test may take (then: hang)")
+    parser.add_argument("--job-timeout", type=float, default=4 * 3600.0, help="seconds one torchrun job may take")
+    parser.add_argument("--rejudge", action="store_true", help="judge the records already in --out, run nothing")
+    parser.add_argument("--out", type=Path, default=WORKDIR / "results", help="records, logs, table.md")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    os.environ.setdefault("MEGATRON_NPU_DEVICE", "cpu")  # the harness target unless told otherwise
+    reports = []
+    for folder in args.folders:
+        if args.rejudge:
+            reports.append(recorded_folder(folder, args.out))
+            continue
+        print(f"running {folder} ...", flush=True)
+        reports.append(run_folder(unpack(), folder, args))
+    verdict = judge(reports, target_capabilities())
+    text = table(reports, verdict)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "table.md").write_text(text)
+    (args.out / "results.json").write_text(
+        json.dumps({r.folder: {k: vars(v) for k, v in r.results.items()} for r in reports}, indent=1)
+    )
+    print(text)
+    return 0 if verdict.clean else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The conformance runner: its verdict logic (fast), and megatron-core's tensor_parallel suite on the
+patch layer, 8 ranks as upstream runs it (the CI subset: about 3 minutes on 2 cores)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from .expected import EXPECTED_FAILURES, TARGET_LIMITS, ExpectedFailure
+from .results import FolderReport, judge, merge
+from .suite import CONFTEST, CONFTEST_EDITS, REPO, TARBALL, edit_conftest
+
+CI_FOLDERS = ("tensor_parallel",)
+
+
+def _records(rank: int, nodeid: str, *events: tuple[str, str]) -> list[dict]:
+    return [{"rank": rank, "nodeid": nodeid, "event": when, "outcome": outcome} for when, outcome in events]
+
+
+def test_a_test_takes_the_worst_outcome_of_its_ranks_and_a_hang_is_named():
+    ok = (("start", ""), ("setup", "passed"), ("call", "passed"), ("teardown", "passed"))
+    records = _records(0, "a", *ok) + _records(1, "a", ("start", ""), ("setup", "passed"), ("call", "failed"))
+    records += _records(1, "a", ("teardown", "passed"))
+    records += _records(0, "b", ("start", ""), ("setup", "passed")) + _records(1, "b", ("start", ""))
+    records += [{"rank": 1, "nodeid": "b", "event": "hang", "message": "no result after 300 s"}]
+    records += _records(0, "c", ("start", ""), ("setup", "skipped"), ("teardown", "passed"))
+    records += _records(0, "d", ("start", ""), ("setup", "passed"))  # the job died under it
+    merged = merge(records)
+    assert {nodeid: result.outcome for nodeid, result in merged.items()} == {
+        "a": "failed",
+        "b": "hang",
+        "c": "skipped",
+        "d": "crash",
+    }
+    assert merged["b"].message == "no result after 300 s"
+
+
+def test_the_verdict_names_unlisted_failures_and_listed_tests_that_pass_now():
+    listed = EXPECTED_FAILURES[0].pattern.replace("[[]", "[").replace("[]]", "]")
+    records = _records(0, listed, ("start", ""), ("setup", "passed"), ("call", "passed"), ("teardown", "passed"))
+    records += _records(0, "x::y", ("start", ""), ("setup", "passed"), ("call", "failed"), ("teardown", "passed"))
+    verdict = judge([FolderReport("f", merge(records))])
+    assert [result.nodeid for result in verdict.unexpected] == ["x::y"]
+    assert [result.nodeid for result, _ in verdict.now_passing] == [listed]
+    assert not verdict.clean
+
+
+def test_only_transformer_engine_or_cuda_only_causes_may_be_expected_and_target_limits_name_a_capability():
+    assert {entry.cause for entry in EXPECTED_FAILURES} <= {"te", "cuda_only"}
+    assert all(entry.capability for entry in TARGET_LIMITS)
+    with pytest.raises(ValueError, match="only"):
+        ExpectedFailure("t", "patch", "a patch-layer defect is fixed, not listed")
+    from megatron_npu.accelerator.cpu import CpuAccelerator
+
+    assert all(CpuAccelerator().capability(entry.capability) for entry in TARGET_LIMITS)
+
+
+def test_the_conftest_edits_apply_to_the_suites_conftest(tmp_path):
+    with tarfile.open(TARBALL) as archive:
+        archive.extract(CONFTEST, tmp_path, filter="data")
+    edit_conftest(tmp_path)
+    text = (tmp_path / CONFTEST).read_text()
+    assert "download_and_extract_asset" not in text.split("def ensure_test_data")[0]
+    assert all(new in text for old, new in CONFTEST_EDITS if new)
+
+
+@pytest.mark.launch
+def test_megatron_cores_tensor_parallel_suite_passes_on_the_patch_layer(tmp_path):
+    out = tmp_path / "results"
+    command = [sys.executable, "-m", "tests.conformance.run", *CI_FOLDERS, "--out", str(out), "--timeout", "400"]
+    job = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500)
+    assert job.returncode == 0, job.stdout[-8000:] + job.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())["tensor_parallel"]
+    passed = [nodeid for nodeid, result in results.items() if result["outcome"] == "passed"]
+    assert len(passed) >= 20, job.stdout[-4000:]
+    assert "test_gather_split_1d_tensor" in " ".join(passed)  # gloo's shape check answered
+    assert any("test_checkpoint_without_output" in nodeid for nodeid in passed)  # fp8=False, without TE

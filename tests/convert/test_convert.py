@@ -1,0 +1,357 @@
+"""`megatron-npu convert`: Hugging Face models to pretrain_gpt.py checkpoints and back.
+
+No hub access: each family is a small randomly initialised transformers model saved with
+save_pretrained. Three jobs: every model converted and exported back in one process; a
+4-rank job loading each checkpoint under TP1, TP2 x PP2 (and PP2 x VPP2) and comparing
+logits with transformers'; pretrain_gpt.py continuing a converted LLaMA under TP2 x PP2,
+whose trained checkpoint is then exported and loaded by transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from distributed import ROOT, base_env, run, torchrun
+from pretrain_runs import pretrain, train_losses, validation_losses
+
+from megatron_npu.convert.hf_config import ConvertError, check_attention_window, model_spec, read_config
+from megatron_npu.data.indexed_writer import IndexedDatasetWriter
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, SEQ = 128, 32
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, max_position_embeddings=64)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+CONFIGS = {
+    # GQA, llama3 RoPE scaling, untied output layer
+    "llama": lambda: transformers.LlamaConfig(
+        **COMMON, num_attention_heads=4, num_key_value_heads=2, rope_parameters=LLAMA3_ROPE, rms_norm_eps=1e-5
+    ),
+    # QKV bias, tied embeddings, another RoPE base
+    "qwen2": lambda: transformers.Qwen2Config(
+        **COMMON,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        rms_norm_eps=1e-6,
+    ),
+    # head_dim apart from hidden/heads (--kv-channels)
+    "mistral": lambda: transformers.MistralConfig(
+        **COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=None
+    ),
+    # learned positions, LayerNorm with biases, Conv1D weights, tied embeddings
+    "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=4, n_head=4),
+}
+# Qwen2.5's vocabulary in small: 300 rows, a 200-token tokenizer. No power of two pads 200 to 300,
+# so Megatron-LM's 128 x TP2 gives 256 rows: the 44 past them are cut and must come back.
+CUT_VOCAB = lambda: transformers.Qwen2Config(  # noqa: E731
+    **{**COMMON, "vocab_size": 300}, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6
+)
+LAYOUTS = [[1, 1, None], [2, 2, None], [1, 2, 2]]  # (TP, PP, VPP) on 4 ranks
+# The training document; every sample pretrain_gpt.py reads is it plus its first token.
+DOCUMENT = np.random.default_rng(1).integers(0, VOCAB - 8, SEQ).astype(np.uint16)
+SAMPLE = torch.from_numpy(np.append(DOCUMENT, DOCUMENT[0]).astype(np.int64))
+
+
+def _random_model(family: str, config: object = None) -> torch.nn.Module:
+    """Every tensor random (norm scales around 1), so a swapped or mis-split tensor shows."""
+    torch.manual_seed(hash(family) % 1000)
+    config = config or CONFIGS[family]()
+    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            is_scale = p.dim() == 1 and ("norm" in name or "ln_" in name) and name.endswith("weight")
+            p.copy_(1 + 0.1 * torch.randn_like(p) if is_scale else 0.08 * torch.randn_like(p))
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("convert")
+    tokens = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+    cases, sample_loss = {}, {}
+    for family in CONFIGS:
+        model = _random_model(family)
+        model.save_pretrained(root / family / "hf")
+        with torch.no_grad():
+            logits = model(tokens).logits
+            sample_loss[family] = _loss(model(SAMPLE[None, :-1]).logits[0])
+        torch.save({"tokens": tokens, "logits": logits}, root / family / "expected.pt")
+        cases[family] = {
+            "hf": str(root / family / "hf"),
+            "megatron": str(root / family / "megatron"),
+            "back": str(root / family / "back"),
+            "expected": str(root / family / "expected.pt"),
+        }
+        if family == "llama":  # bf16 weights too (the model keeps its norm scales in fp32)
+            model.to(torch.bfloat16).save_pretrained(root / "llama-bf16" / "hf")
+            bf16 = {k: str(root / "llama-bf16" / k) for k in ("hf", "megatron", "back")}
+    _random_model("qwen2", CUT_VOCAB()).save_pretrained(root / "qwen2-cut" / "hf")
+    _save_tokenizer(root / "qwen2-cut" / "hf", 200)  # the converter counts it from the directory
+    cut = {k: str(root / "qwen2-cut" / k) for k in ("hf", "megatron", "back")}
+    cases_file = root / "cases.json"
+    roundtrip_only = {"llama-bf16": bf16, "qwen2-cut": cut}
+    everything = {"models": cases, "layouts": LAYOUTS, "vpp_models": ["llama"], "roundtrip_only": roundtrip_only}
+    cases_file.write_text(json.dumps(everything))
+    roundtrip = run([sys.executable, str(ROOT / "tests/fixtures/convert_roundtrip.py"), str(cases_file)]).check()
+    roundtrip_results = {r["model"]: r for r in roundtrip.results()}
+    return {"cases": cases, "file": cases_file, "roundtrip": roundtrip_results, "sample_loss": sample_loss}
+
+
+def _save_tokenizer(model_dir: Path, tokens: int) -> None:
+    from tokenizers import Tokenizer, models
+
+    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(tokens)}, unk_token="t0"))
+    transformers.PreTrainedTokenizerFast(tokenizer_object=words).save_pretrained(model_dir)
+
+
+def test_round_trip_gives_the_same_bits(models: dict) -> None:
+    for family in [*CONFIGS, "llama-bf16", "qwen2-cut"]:
+        result = models["roundtrip"][family]
+        assert result["tensors"] > 4 * 6, family
+        assert result["differ"] == [] and result["extra"] == [], (family, result)
+    # the import did cut rows: the bits above came back from beside the checkpoint
+    assert "vocabulary: 300 HF rows -> 256" in models["roundtrip"]["qwen2-cut"]["printed"]
+
+
+def _hf_logits(model_dir: str | Path, tokens: torch.Tensor, work: Path) -> torch.Tensor:
+    """transformers' from_pretrained + forward, in a process without the patch layer."""
+    torch.save({"tokens": tokens}, work / "tokens.pt")
+    run(
+        [
+            sys.executable,
+            str(ROOT / "tests/fixtures/hf_logits.py"),
+            str(model_dir),
+            str(work / "tokens.pt"),
+            str(work / "logits.pt"),
+        ]
+    ).check()
+    return torch.load(work / "logits.pt")
+
+
+@pytest.mark.launch
+def test_exported_directory_loads_in_transformers(models: dict, tmp_path: Path) -> None:
+    case = models["cases"]["qwen2"]
+    expected = torch.load(case["expected"])
+    assert torch.equal(_hf_logits(case["back"], expected["tokens"], tmp_path), expected["logits"])
+
+
+@pytest.mark.launch
+def test_logits_equal_transformers_under_every_layout(models: dict) -> None:
+    job = torchrun(ROOT / "tests/fixtures/convert_logits.py", str(models["file"]), nproc=4).check()
+    results = job.results()
+    seen = {(r["model"], tuple(r["layout"].values())) for r in results}
+    wanted = {(f, tuple(layout)) for f in CONFIGS for layout in LAYOUTS if layout[2] is None or f == "llama"}
+    assert seen == wanted
+    worst = max(results, key=lambda r: r["rel"])
+    assert worst["rel"] < 1e-5, worst
+
+
+def printed_command(output: str) -> list[str]:
+    """The flags `convert to-megatron` printed: the indented lines continued with a backslash."""
+    lines = output.split(":\n\n", 1)[1].splitlines()
+    command = []
+    for line in lines:
+        command.append(line.rstrip("\\"))
+        if not line.endswith("\\"):
+            break
+    return shlex.split(" ".join(command))
+
+
+def _identical_documents(prefix: Path, document: np.ndarray, count: int) -> None:
+    """Documents of exactly --seq-length tokens, all the same: every training and validation
+    sample is then the document plus its own first token, whatever the dataset's shuffle."""
+    writer = IndexedDatasetWriter(f"{prefix}.bin", np.uint16)
+    for _ in range(count):
+        writer.add_document(document, [len(document)])
+    writer.finalize(f"{prefix}.idx")
+
+
+def _loss(logits: torch.Tensor) -> float:
+    """Mean cross entropy of SAMPLE's next tokens, as pretrain_gpt.py's lm loss (no masked token)."""
+    return torch.nn.functional.cross_entropy(logits, SAMPLE[1:]).item()
+
+
+@pytest.mark.launch
+def test_pretrain_continues_from_a_converted_llama_and_exports_back(models: dict, tmp_path: Path) -> None:
+    case = models["cases"]["llama"]
+    _identical_documents(tmp_path / "docs", DOCUMENT, 64)
+    flags = [
+        *printed_command(models["roundtrip"]["llama"]["printed"]),  # what `convert to-megatron --tp 2 --pp 2` printed
+        *["--data-path", str(tmp_path / "docs"), "--split", "90,10,0"],
+        *["--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB - 1)],  # NullTokenizer adds its EOD
+        *["--attention-dropout", "0", "--hidden-dropout", "0", "--seq-length", str(SEQ)],
+        *[
+            "--train-iters",
+            "3",
+            "--eval-interval",
+            "3",
+            "--eval-iters",
+            "1",
+            "--save",
+            str(tmp_path / "trained"),
+            "--save-interval",
+            "3",
+        ],
+    ]
+    pretrain(tmp_path, *flags, nproc=4, mock_data=False).check()
+    first = train_losses(tmp_path)[1]
+    assert first == pytest.approx(models["sample_loss"]["llama"], rel=1e-4)
+
+    # The TP2 x PP2 checkpoint after 3 steps (with its optimizer) back to HF: transformers'
+    # loss on the same sample is the trainer's validation loss at iteration 3.
+    exported = tmp_path / "exported"
+    cli = [sys.executable, "-m", "megatron_npu.cli", "convert", "to-hf", str(tmp_path / "trained"), str(exported)]
+    run([*cli, "--hf-config", case["hf"]]).check()
+    (iteration, validation), *_ = validation_losses(tmp_path)
+    assert iteration == 3
+    trained = _loss(_hf_logits(exported, SAMPLE[None, :-1], tmp_path)[0])
+    assert trained == pytest.approx(validation, rel=1e-4)
+    assert trained != pytest.approx(first, rel=1e-3)  # it did train
+
+
+@pytest.mark.launch
+def test_refusals_name_the_fix(models: dict, tmp_path: Path) -> None:
+    llama = read_config(models["cases"]["llama"]["hf"])
+    with pytest.raises(ConvertError, match="^num_attention_heads 4 is not divisible by --tp 8$"):
+        model_spec(llama, tp=8)
+    with pytest.raises(ConvertError, match="^num_key_value_heads 2 is not divisible by --tp 4; use a TP size"):
+        model_spec(llama, tp=4)
+    with pytest.raises(ConvertError, match="^intermediate_size 96 is not divisible by --tp 64$"):
+        model_spec({**llama, "num_attention_heads": 64, "num_key_value_heads": 64}, tp=64)
+    with pytest.raises(ConvertError, match="unsupported architecture BertModel"):
+        model_spec({"architectures": ["BertModel"], "model_type": "bert"})
+    with pytest.raises(ConvertError, match="tokenizer has 200 tokens but the model's embedding has 128 rows"):
+        model_spec(llama, tokenizer_vocab=200)
+    # A missing shard: refused by the command, in one line, before megatron-core is imported.
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    (sharded / "config.json").write_text(json.dumps(llama))
+    weight_map = {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}
+    weight_map["lm_head.weight"] = "model-00002-of-00002.safetensors"
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (sharded / "model-00002-of-00002.safetensors").write_bytes(b"")
+    job = subprocess.run(
+        [sys.executable, "-m", "megatron_npu.cli", "convert", "to-megatron", str(sharded), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=base_env(),
+        timeout=120,
+    )
+    assert job.returncode == 2
+    assert job.stderr.strip().splitlines() == [
+        f"megatron-npu convert: error: {sharded}: shard model-00001-of-00002.safetensors named by "
+        "model.safetensors.index.json is missing: download it again"
+    ]
+
+
+def test_refusals_of_the_command(models: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Refused by `convert to-megatron` in one line, before megatron-core starts (so in this process)."""
+    from megatron_npu.convert.cli import main as convert
+
+    def refusal(hf_dir: Path, *flags: str) -> str:
+        assert convert(["to-megatron", str(hf_dir), str(tmp_path / "out"), *flags]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        return line.removeprefix("megatron-npu convert: error: ")
+
+    # The tokenizer is counted from the model directory: one larger than the embedding is refused.
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(Path(models["cases"]["llama"]["hf"], "config.json").read_text())
+    _save_tokenizer(llama, VOCAB + 1)
+    assert refusal(llama) == (
+        f"the tokenizer has {VOCAB + 1} tokens but the model's embedding has {VOCAB} rows: "
+        "use the model's own tokenizer (or pass its size with --tokenizer-vocab-size)"
+    )
+    # Mistral's sliding window: full attention is the same only up to the window.
+    mistral = tmp_path / "mistral"
+    mistral.mkdir()
+    config = read_config(models["cases"]["mistral"]["hf"])
+    (mistral / "config.json").write_text(json.dumps({**config, "sliding_window": 16}))
+    assert refusal(mistral, "--seq-length", "32") == (
+        "sliding-window attention (16 tokens) at --seq-length 32: pretrain_gpt.py's attention has no window, "
+        "so it would differ; convert and train with --seq-length 16 or less"
+    )
+    assert refusal(mistral) == refusal(mistral, "--seq-length", "64")  # the default: max_position_embeddings
+    check_attention_window({**config, "sliding_window": 16}, 16)  # up to the window: accepted
+    check_attention_window({**config, "sliding_window": 16, "use_sliding_window": False}, 64)  # Qwen2's switch
+    # Linear RoPE scaling: the trainer's --rotary-seq-len-interpolation-factor is an integer.
+    linear = {**read_config(models["cases"]["llama"]["hf"]), "rope_scaling": {"rope_type": "linear", "factor": 2.5}}
+    with pytest.raises(ConvertError, match="linear RoPE scaling by 2.5: .* takes an integer"):
+        model_spec(linear)
+
+
+def test_linear_rope_scaling_gives_transformers_angles() -> None:
+    """HF's linear scaling divides the frequencies, megatron-core's interpolation factor the
+    positions: pretrain_gpt.py, given the printed flag, rotates by the same angles."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    from megatron_npu.convert.megatron_io import trainer_args
+
+    config = transformers.LlamaConfig(
+        **COMMON, num_attention_heads=4, rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}
+    )
+    spec = model_spec(config.to_dict())
+    assert "--rotary-seq-len-interpolation-factor 4" in " ".join(spec.flags())
+    args = trainer_args(spec)  # the flags as pretrain_gpt.py's parser reads them
+    megatron = RotaryEmbedding(
+        kv_channels=spec.kv_channels,
+        rotary_percent=1.0,
+        seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor,
+        rotary_base=args.rotary_base,
+        use_cpu_initialization=True,
+    )(SEQ)[:, 0, 0]
+    positions = torch.arange(SEQ)[None]
+    cos, sin = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config)(megatron[None], positions)
+    torch.testing.assert_close(megatron.cos(), cos[0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(megatron.sin(), sin[0], rtol=1e-6, atol=1e-6)
+
+
+def test_printed_flags_describe_the_model(models: dict) -> None:
+    llama = model_spec(read_config(models["cases"]["llama"]["hf"]), tp=2).flags()
+    text = " ".join(llama)
+    for expected in (
+        "--num-layers 4",
+        "--hidden-size 64",
+        "--group-query-attention --num-query-groups 2",
+        "--ffn-hidden-size 96",
+        "--normalization RMSNorm --swiglu --disable-bias-linear",
+        "--rotary-base 500000",
+        "--use-rope-scaling --rope-scaling-factor 8.0",
+        "--untie-embeddings-and-output-weights",
+        "--norm-epsilon 1e-05",
+        "--make-vocab-size-divisible-by 64",
+    ):
+        assert expected in text
+    qwen2 = " ".join(model_spec(read_config(models["cases"]["qwen2"]["hf"])).flags())
+    assert "--add-qkv-bias" in qwen2 and "--untie" not in qwen2 and "--rotary-base 1000000" in qwen2
+    gpt2 = " ".join(model_spec(read_config(models["cases"]["gpt2"]["hf"])).flags())
+    assert "--position-embedding-type learned_absolute --openai-gelu" in gpt2 and "--swiglu" not in gpt2
+    mistral = " ".join(model_spec(read_config(models["cases"]["mistral"]["hf"])).flags())
+    assert "--kv-channels 32" in mistral
+
+
+def test_vocabulary_padding_follows_the_tokenizer(models: dict) -> None:
+    qwen2 = read_config(models["cases"]["qwen2"]["hf"])
+    # The tokenizer's count pads to the model's rows: every row kept.
+    spec = model_spec(qwen2, tp=2, tokenizer_vocab=100)
+    assert (spec.padded_vocab_size, spec.make_vocab_size_divisible_by) == (128, 64)
+    # Qwen2.5's: 151,665 tokens, 151,936 rows. No power of two pads one to the other: Megatron-LM's
+    # 128 x TP, and the unused rows past 151,808 are cut.
+    spec = model_spec({**qwen2, "vocab_size": 151936}, tp=2, tokenizer_vocab=151665)
+    assert (spec.padded_vocab_size, spec.make_vocab_size_divisible_by) == (151808, 128)

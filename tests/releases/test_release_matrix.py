@@ -1,0 +1,178 @@
+"""The patch layer on the other megatron-core releases (the default lane runs 0.16.1), cpu target.
+
+Per release, in its own venv (tests/releases/envs.py, cached): the doctor is clean with that tag's Megatron-LM
+checkout on the path (every patch claiming the release finds its target, megatron/training's included); the
+GPU-written megatron-core script trains TP2 x PP2 and PP2 x DP2 with the distributed optimizer with TP1's losses
+(rel 1e-5) and resumes from a dist-checkpoint exactly; Megatron-LM's own pretrain_gpt.py of that tag trains
+through ``-m megatron_npu.run`` and resumes bit-exactly. Six launches per release.
+
+Which releases: ``MEGATRON_NPU_RELEASES`` (comma-separated, or ``all``); by default the Python 3.11 ones
+(a venv is a 10-30 s pip install) and the Python 3.12 ones only when the cache already holds their CUDA
+torch (a 2.8 GB download; build it with ``python tests/releases/envs.py 0.17.1 0.18.2 0.19.2``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from distributed import ROOT, Job, base_env, free_port, run  # noqa: E402
+from envs import READY, RELEASES, Release, cache_dir, interpreter, release_env  # noqa: E402
+from megatron_lm_checkout import unpack  # noqa: E402
+from pretrain_runs import MODEL as PROJECT_MODEL  # noqa: E402
+from pretrain_runs import NO_DROPOUT  # noqa: E402
+
+pytestmark = pytest.mark.launch
+SELECT_ENVVAR = "MEGATRON_NPU_RELEASES"
+SHARED = ROOT.parent / "shared" / "megatron-lm"
+FIXTURE = ROOT / "tests" / "fixtures" / "gpu_style_gpt.py"
+RESUME = ROOT / "tests" / "releases" / "gpu_style_resume.py"
+STEPS, SAVE_AT = 4, 2
+MISSING_TARGET = "megatron-npu: error: patch"  # the registry's line for a target missing in a claimed release
+LOSS_LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.Ee+-]+)")
+
+
+def selected() -> list[str]:
+    wanted = os.environ.get(SELECT_ENVVAR, "")
+    if wanted == "all":
+        return list(RELEASES)
+    if wanted:
+        return [name.strip() for name in wanted.split(",") if name.strip()]
+    torch312 = (cache_dir() / "py3.12-torch" / READY).is_file()
+    return [name for name, r in RELEASES.items() if r.python == "3.11" or torch312]
+
+
+def skipped_note() -> str:
+    left = sorted(set(RELEASES) - set(selected()))
+    return f"not run: {', '.join(left)} (set {SELECT_ENVVAR}=all)" if left else ""
+
+
+def torchrun(python: Path, script: Path | str, *args: str, nproc: int, env: dict, module: bool = False) -> Job:
+    command = [str(python), "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1"]
+    command += ["--master_addr=127.0.0.1", f"--master_port={free_port()}", *(["--module"] if module else [])]
+    return run([*command, str(script), *args], env=env, timeout=900).check()
+
+
+def gpu_style(release: Release, python: Path, where: Path) -> dict:
+    """TP1 reference, TP2 x PP2, and PP2 x DP2 with the distributed optimizer and a resume: 3 launches."""
+    env, weights = base_env(), where / "weights.pt"
+    common = ("--tied", "--steps", str(STEPS))
+    reference = torchrun(python, FIXTURE, *common, "--save-init", str(weights), nproc=1, env=env)
+    tp2pp2 = torchrun(python, FIXTURE, *common, "--tp", "2", "--pp", "2", "--init-from", str(weights), nproc=4, env=env)
+    resume_args = ("--pp", "2", "--dist-opt", "--init-from", str(weights), "--ckpt", str(where / "ckpt"))
+    dp2 = torchrun(python, RESUME, *resume_args, "--steps", str(STEPS), "--save-at", str(SAVE_AT), nproc=4, env=env)
+    jobs = {"reference": reference, "tp2pp2": tp2pp2, "dp2": dp2}
+    return {"jobs": jobs, **{name: job.by_rank() for name, job in jobs.items()}}
+
+
+def megatron_lm_flags(release: Release) -> list[str]:
+    vocab = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(release.vocab_size)]
+    flags = [*PROJECT_MODEL, "--eval-interval", "1000", *NO_DROPOUT, *vocab, "--train-iters", "6"]
+    flags += ["--use-distributed-optimizer", "--save-interval", "3"]
+    if release.minor >= 15:  # the fully reshardable optimizer layout (the flag is new in core_v0.15)
+        flags.append("--dist-ckpt-optim-fully-reshardable")
+    return flags
+
+
+def megatron_lm(release: Release, python: Path, where: Path) -> dict:
+    """That tag's pretrain_gpt.py: 6 iterations saving at 3 and 6, then a resume from 3 to 6: 2 launches."""
+    checkout = unpack(SHARED / release.tarball_name, where / "megatron-lm")
+    env = base_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(checkout), env["PYTHONPATH"]])
+    script, flags = str(checkout / "pretrain_gpt.py"), megatron_lm_flags(release)
+    save, resumed_save = where / "ckpt", where / "resumed"
+    full = torchrun(python, "megatron_npu.run", script, *flags, "--save", str(save), nproc=1, env=env, module=True)
+    resumed_save.mkdir()
+    (resumed_save / "iter_0000003").symlink_to(save / "iter_0000003", target_is_directory=True)
+    (resumed_save / "latest_checkpointed_iteration.txt").write_text("3")
+    flags += ["--load", str(resumed_save), "--save", str(resumed_save)]
+    resumed = torchrun(python, "megatron_npu.run", script, *flags, nproc=1, env=env, module=True)
+    doctor = run([str(python), "-m", "megatron_npu", "doctor", "--json"], env=env, timeout=300)
+    return {"full": full, "resumed": resumed, "save": save, "resumed_save": resumed_save, "doctor": doctor}
+
+
+@pytest.fixture(scope="module", params=selected() or [pytest.param(None, marks=pytest.mark.skip(skipped_note()))])
+def release_runs(request, tmp_path_factory) -> dict:
+    release = RELEASES[request.param]
+    if interpreter(release.python) is None:
+        pytest.skip(f"no python{release.python} on this machine for megatron-core {release.core}")
+    python = release_env(release)
+    where = tmp_path_factory.mktemp(f"mcore-{release.core}")
+    runs = gpu_style(release, python, where)
+    runs.update(megatron_lm(release, python, where))
+    runs["jobs"].update(full=runs["full"], resumed=runs["resumed"])
+    return {"release": release, **runs}
+
+
+def losses(job: Job) -> dict[int, float]:
+    return {int(m.group(1)): float(m.group(2)) for m in map(LOSS_LINE.search, job.stdout.splitlines()) if m}
+
+
+def last_stage(results: dict, key: str = "losses") -> list[float]:
+    [found] = {json.dumps(r[key]) for r in results.values() if r[key]}  # every last-stage rank agrees
+    return json.loads(found)
+
+
+def assert_close(actual: list[float], expected: list[float], rel: float = 1e-5) -> None:
+    assert len(actual) == len(expected) == STEPS
+    for step, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        assert abs(a - e) <= rel * abs(e), f"step {step}: {a} vs {e}"
+
+
+def test_doctor_is_clean_with_the_tags_megatron_lm(release_runs):
+    release, doctor = release_runs["release"], release_runs["doctor"]
+    assert doctor.returncode == 0, doctor.stdout[-2000:] + doctor.stderr[-2000:]
+    report = json.loads(doctor.stdout)
+    assert report["versions"]["megatron_core"] == report["patches_for_release"] == release.core
+    assert report["errors"] == [] and report["megatron_lm"]["tested"] is True
+    states = {row["name"]: row["state"] for row in report["patches"]}
+    assert "missing" not in states.values() and "pending" not in states.values(), states  # every target looked up
+    assert all(
+        states[name] == "applied" for name in report["megatron_lm"]["patches"] if states[name] != "other-release"
+    )
+    decoupled = "optimizer.get_standard_config_overrides.is_decoupled_lr"  # a target that exists only from 0.16
+    assert states[decoupled] == ("other-release" if release.minor < 16 else "applied")
+
+
+def test_no_patch_claiming_the_release_misses_its_target_in_any_run(release_runs):
+    for name, job in release_runs["jobs"].items():
+        assert MISSING_TARGET not in job.stderr, f"{name}: {job.stderr[-3000:]}"
+
+
+def test_gpu_style_layouts_train_with_tp1s_losses(release_runs):
+    reference = last_stage(release_runs["reference"])
+    assert len(set(reference)) == STEPS, "training moved the loss"
+    assert_close(last_stage(release_runs["tp2pp2"]), reference)
+    dp2 = release_runs["dp2"]
+    assert {r["backend"] for r in dp2.values()} == {"gloo"} and {r["dp_rank"] for r in dp2.values()} == {0, 1}
+    assert_close(last_stage(dp2, "uninterrupted"), reference)
+
+
+def test_gpu_style_dist_checkpoint_resume_is_exact(release_runs):
+    dp2 = release_runs["dp2"]
+    assert last_stage(dp2, "resumed") == last_stage(dp2, "uninterrupted")[SAVE_AT:]
+    assert [r["unequal_params"] for r in dp2.values()] == [[]] * 4
+
+
+def test_megatron_lm_pretrain_gpt_trains_and_resumes_bit_exactly(release_runs, tmp_path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    full, resumed = losses(release_runs["full"]), losses(release_runs["resumed"])
+    assert sorted(full) == [1, 2, 3, 4, 5, 6] and sorted(resumed) == [4, 5, 6]
+    assert full[6] < full[1]
+    # Megatron-LM's second log line of a process averages two iterations (its accumulator): compare 4 and 6
+    assert resumed[4] == full[4] and resumed[6] == full[6]
+    tensors = []
+    for name, folder in (("u", release_runs["save"]), ("r", release_runs["resumed_save"])):
+        dcp_to_torch_save(folder / "iter_0000006", tmp_path / f"{name}.pt")
+        loaded = torch.load(tmp_path / f"{name}.pt", weights_only=False)
+        tensors.append({k: v for k, v in loaded.items() if isinstance(v, torch.Tensor)})
+    assert tensors[0].keys() == tensors[1].keys() and len(tensors[0]) > 16
+    assert [k for k in tensors[0] if not torch.equal(tensors[0][k], tensors[1][k])] == []
