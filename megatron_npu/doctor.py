@@ -188,7 +188,7 @@ def render(report: dict[str, Any], patches_only: bool = False) -> str:
     lm = report.get("megatron_lm")
     if lm is not None and not patches_only:
         if lm["importable"]:
-            active = sum(1 for state in lm["patches"].values() if state != "inactive")
+            active = sum(1 for state in lm["patches"].values() if state in ("applied", "pending", "missing"))
             lines.append(
                 f"megatron-lm: {lm['version']} at {lm['path']} (from {lm['version_source']}); "
                 f"megatron-core {lm['megatron_core']}; tested with {lm['tested_release']}: "

@@ -16,7 +16,9 @@ from . import (  # noqa: F401  (importing registers the patches)
     moe,
     optimizer,
     pipeline_parallel,
+    release_fixes,
     tensor_parallel,
     torch_cuda,
     transformer,
+    triton_imports,
 )

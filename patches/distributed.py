@@ -208,37 +208,48 @@ def _groups_megatron_created() -> list[Any]:
     return [group for group in parallel_state._global_process_group_list or () if group is not None]
 
 
+RELEASE_TIMEOUT = timedelta(seconds=60)
+_released_before: dict[str, int] = {}
+
+
+def _release_keys(group: Any) -> tuple[str, str]:
+    """Store keys counting the members that released ``group`` (its n-th release under this name)."""
+    name = group.group_name
+    _released_before[name] = generation = _released_before.get(name, 0) + 1
+    key = f"megatron_npu/released/{name}/{generation}"
+    return key, key + "/all"
+
+
 def _destroy(groups: list[Any]) -> int:
+    """Destroy ``groups`` once every member has released them.
+
+    A gloo group that connects lazily may still be connecting on one member while another, done
+    with it, would close its side: "Connection closed by peer" (transformer/moe/test_aux_loss.py).
+    Each member counts itself in on the default store (no group connection needed) and waits for
+    the others; a group some member never releases within RELEASE_TIMEOUT is left in place.
+    """
     c10d = torch.distributed.distributed_c10d
-    default = c10d._get_default_group() if torch.distributed.is_initialized() else None
+    if not torch.distributed.is_initialized():
+        return 0
+    default = c10d._get_default_group()
+    store = c10d._get_default_store()
+    live = [group for group in groups if group is not default and group in c10d._world.pg_map]
+    waits = []
+    for group in live:
+        key, everyone = _release_keys(group)
+        if store.add(key, 1) == group.size():
+            store.set(everyone, b"1")
+        waits.append((group, everyone))
     destroyed = 0
-    for group in groups:
-        if group is not default and group in c10d._world.pg_map:
-            torch.distributed.destroy_process_group(group)
-            destroyed += 1
+    for group, everyone in waits:
+        try:
+            store.wait([everyone], RELEASE_TIMEOUT)
+        except RuntimeError:  # a member kept it (timeout): leaking one group beats closing it under a peer
+            _log.warning("process group %s: not released by all its members; left in place", group.group_name)
+            continue
+        torch.distributed.destroy_process_group(group)
+        destroyed += 1
     return destroyed
-
-
-@register(
-    "parallel_state.destroy_model_parallel.destroy_groups",
-    f"{PARALLEL_STATE}:destroy_model_parallel",
-    reason="drops its references to the groups create_group made but destroys only the gloo DP ones; a gloo "
-    "group keeps 3 threads (one polling every 10 ms), so a job that re-initialises model parallelism (megatron-"
-    "core's unit tests, per test) piles up ~470 threads per rank and starves (dist_checkpointing/"
-    "test_serialization.py); the released groups are destroyed",
-    subsystem=SUBSYSTEM,
-    megatron_versions=">=0.16.0,<0.17",
-    requires="groups_hold_threads",
-)
-def _destroy_released_groups(original: Callable, accelerator: Accelerator) -> Callable:
-    @functools.wraps(original)
-    def destroy_model_parallel(*args: Any, **kwargs: Any) -> Any:
-        released = _groups_megatron_created()
-        result = original(*args, **kwargs)
-        _destroy(released)
-        return result
-
-    return destroy_model_parallel
 
 
 def flat_all_gather(original: Callable, accelerator: Accelerator) -> Callable:

@@ -112,3 +112,35 @@ register(
     "output is added to it again: every micro-batch doubles the accumulated gradient (silent); reduced in place",
     subsystem=SUBSYSTEM,
 )(lambda original, accelerator: single_rank_reduction_in_place(original))
+
+
+@register(
+    "megatron.core.parallel_state.get_nccl_options.foreign",
+    "megatron.core.parallel_state:get_nccl_options",
+    reason="builds torch.distributed.ProcessGroupNCCL.Options for groups named in the NCCL communicator configs "
+    "(Megatron-LM names 'dp_cp' a high-priority stream under FSDP); off NCCL that class does not exist and "
+    "new_group drops NCCL options anyway: none",
+    subsystem=SUBSYSTEM,
+)
+def _get_nccl_options(original: Callable, accelerator: Accelerator) -> Callable:
+    @functools.wraps(original)
+    def get_nccl_options(pg_name: str, nccl_comm_cfgs: dict) -> None:
+        return None
+
+    return get_nccl_options
+
+
+@register(
+    "megatron.core.distributed.data_parallel_base._BaseDataParallel.finish_grad_sync.force_all_reduce",
+    "megatron.core.distributed.data_parallel_base:_BaseDataParallel.finish_grad_sync",
+    reason="finalize_model_grads calls finish_grad_sync(force_all_reduce=...), which the base class (and so torch "
+    "FSDP2's TorchFullyShardedDataParallel, whose gradients fully_shard reduces in backward) does not take: "
+    "TypeError at the first step; the argument is accepted and ignored there",
+    subsystem=SUBSYSTEM,
+)
+def _base_finish_grad_sync(original: Callable, accelerator: Accelerator) -> Callable:
+    @functools.wraps(original)
+    def finish_grad_sync(self: Any, force_all_reduce: bool | None = False) -> Any:
+        return original(self)
+
+    return finish_grad_sync

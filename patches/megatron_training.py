@@ -306,6 +306,9 @@ def adapt_args(args: argparse.Namespace, argv: list[str], accelerator: Accelerat
             for name in enabled:
                 setattr(args, name, False)
             _warn_once(f"{', '.join(enabled)}: megatron-core's torch.compile'd fusions do not run here: unfused")
+    if _rope_fusion_unavailable(args, accelerator):  # megatron-core's TransformerConfig raises on it
+        args.apply_rope_fusion = False
+        _warn_once("apply_rope_fusion: no fused RoPE kernel here (Transformer Engine's or the device's): unfused")
     if (
         getattr(args, "gradient_accumulation_fusion", False)
         and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is None
@@ -321,11 +324,22 @@ def adapt_args(args: argparse.Namespace, argv: list[str], accelerator: Accelerat
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "8" if fsdp else "1")
 
 
+def _rope_fusion_unavailable(args: argparse.Namespace, accelerator: Accelerator) -> bool:
+    """Megatron-LM's default --apply-rope-fusion with RoPE, where neither Transformer Engine nor the
+    device's half-split kernel (patches/fused_ops.py fills megatron-core's slot with it) can serve it."""
+    if not getattr(args, "apply_rope_fusion", False) or args.position_embedding_type not in ("rope", "mrope"):
+        return False
+    if importlib.util.find_spec("transformer_engine") is not None:
+        return False
+    return not accelerator.has_fused_rotary or bool(getattr(args, "rotary_interleaved", False))
+
+
 @_training_patch(
     "megatron.training.arguments.validate_args",
     reason="defaults that cannot apply off CUDA become what works (transformer_engine -> local, nccl -> the "
-    "device's backend, jit fusions off, nsys -> torch profiler), one warning each; device-impossible flags "
-    "(fp8, TE, CUDA graphs, TP comm overlap) stop every rank with one line; the Megatron-LM version is checked",
+    "device's backend, jit fusions off, RoPE fusion off without a kernel, nsys -> torch profiler), one warning "
+    "each; device-impossible flags (fp8, TE, CUDA graphs, TP comm overlap) stop every rank with one line; the "
+    "Megatron-LM version is checked",
 )
 def _validate_args(original: Callable[..., Any], accelerator: Accelerator) -> Callable[..., Any]:
     @functools.wraps(original)

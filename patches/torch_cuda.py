@@ -81,6 +81,12 @@ _redirect(
     "device paths npu takes, not a no-device path no target runs (megatron-core's unit tests: #27)",
 )
 _redirect(
+    "get_device_capability",
+    lambda accelerator: lambda device=None: (0, 0),
+    "off CUDA there is no CUDA compute capability: (0, 0), so no arch-gated path (Ampere bf16, Hopper fp8) is "
+    "taken; megatron-core's tests read it at import once torch.cuda.is_available() answers (#27)",
+)
+_redirect(
     "get_device_name",
     lambda accelerator: lambda device=None: accelerator.device_name(device),
     "logs and MFU tables name the device",

@@ -325,7 +325,12 @@ def _build_core(o: TokenizerOptions) -> Any:
     """megatron-core's builder, called as Megatron-LM's tools and pretrain_gpt.py call it."""
     if o.tokenizer_type == "NullTokenizer":
         _need_vocab_size(o)
-    from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer as core_build
+    from megatron_npu.compat import ReleaseGap, core_tokenizer_builder
+
+    try:  # megatron.core.tokenizers is new in 0.15 and its builder moved in 0.19
+        core_build = core_tokenizer_builder()
+    except ReleaseGap as e:
+        raise TokenizerError(str(e)) from None
 
     args = argparse.Namespace(**dataclasses.asdict(o))
     if o.tokenizer_special_tokens is not None:

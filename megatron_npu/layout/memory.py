@@ -44,8 +44,11 @@ caching allocator rounds each block up (512 B on NPU / CUDA) and holds freed blo
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from megatron_npu.layout.buckets import Bucket, bucket_layout
@@ -494,3 +497,33 @@ def predict_from_args(args: Any, rank: int, world_size: int | None = None) -> Ra
 def predict_all(model: ModelSpec, dims: ParallelDims, st: MemorySettings) -> list[RankMemory]:
     """One RankMemory per distinct (pp stage, dp position) is enough for a search; this gives every rank."""
     return [predict(model, dims, st, r) for r in range(dims.world_size)]
+
+
+# ---- predicted vs measured (--memory-report's files, for perf-report) ------------------------------
+
+
+def read_reports(log_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """``LOG_DIR/memory/rank*.json`` (pretrain_gpt.py --memory-report), by rank; [] when absent."""
+    folder = Path(log_dir) / "memory"
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))] if folder.is_dir() else []
+
+
+def format_reports(reports: list[dict[str, Any]]) -> str:
+    """Predicted beside measured per rank (MB = 1e6 bytes): state exact, activations at the peak."""
+    out = [
+        "memory per rank, predicted (megatron_npu/layout/memory.py) / measured (--memory-report), MB:",
+        f"  {'rank':>4} {'params':>15} {'grads':>15} {'optimizer':>15} {'act. peak':>15} {'act. err':>8}",
+    ]
+    for r in reports:
+        p = r.get("predicted") or {}
+
+        def pair(key: str, p: dict = p, r: dict = r) -> str:
+            return f"{p.get(key, float('nan')) / 1e6:7.2f}/{r[key] / 1e6:<7.2f}"
+
+        peak = r["saved_peak_bytes"]
+        err = (p["saved_peak_bytes"] - peak) / peak if p and peak else float("nan")
+        out.append(
+            f"  {r['rank']:4d} {pair('param_bytes')} {pair('grad_bytes')} {pair('optimizer_bytes')} "
+            f"{pair('saved_peak_bytes')} {err:+8.1%}"
+        )
+    return "\n".join(out)

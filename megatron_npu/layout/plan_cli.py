@@ -5,7 +5,7 @@ validated by the trainer's parser (megatron_npu.training.arguments, no torch) fo
 ``--nnodes`` x ``--nproc-per-node``; or ``--hf-config DIR`` gives the model flags of a Hugging Face
 config through the converter's mapping. The launcher's spellings ``--tp --pp --cp --ep --etp --vpp``
 and ``--dtype`` are accepted too. Data flags are not needed: without them the plan assumes
-``--mock-data``, and ``--train-iters 1`` without a length (neither changes a byte).
+``--mock-data``, ``--train-iters 1`` without a length and ``--lr 1e-4`` without one (none changes a byte).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ DTYPE_FLAGS = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}
 FILLERS = {
     ("--train-iters", "--train-samples"): ["--train-iters", "1"],
     ("--data-path", "--mock-data", "--train-data-path", "--per-split-data-args-path"): ["--mock-data"],
+    ("--lr",): ["--lr", "1e-4"],
 }
 GB = 1024**3
 

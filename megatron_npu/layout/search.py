@@ -153,30 +153,52 @@ def candidates(model: ModelSpec, world: int, nproc: int) -> list[Candidate]:
     return out
 
 
-def _evaluate(c: Candidate, base: list[str], world: int, nproc: int, nnodes: int) -> bool:
-    """The trainer's validation of the candidate's flags, then its memory and compute time."""
-    from megatron_npu.layout.memory import model_spec_from_args
-    from megatron_npu.layout.plan_cli import parse_trainer_args
-    from megatron_npu.layout.rankmap import build_rank_map
-    from megatron_npu.policy import ConfigError
+def _layout_args(c: Candidate, base: argparse.Namespace, world: int) -> argparse.Namespace:
+    """The model's settings with this candidate's layout (what its flags make validation derive)."""
+    args = base.copy() if hasattr(base, "copy") else argparse.Namespace(**vars(base))
+    args.tensor_model_parallel_size, args.pipeline_model_parallel_size = c.tp, c.pp
+    args.expert_model_parallel_size, args.expert_tensor_parallel_size = c.ep, c.tp
+    args.virtual_pipeline_model_parallel_size = c.vpp
+    args.microbatch_group_size_per_vp_stage = c.pp  # validation's default: the interleaved schedule's groups
+    args.num_layers_per_virtual_pipeline_stage = args.num_virtual_stages_per_pipeline_rank = None
+    args.sequence_parallel = c.tp > 1
+    args.use_distributed_optimizer, args.overlap_grad_reduce = c.dist_opt, c.dp > 1
+    args.recompute_granularity = {"none": None}.get(c.recompute, c.recompute)
+    args.recompute_method, args.recompute_num_layers = ("uniform", 1) if c.recompute == "full" else (None, None)
+    args.world_size = world
+    return args
 
-    c.flags = base + c.layout_flags()
+
+def _estimate(c: Candidate, base: argparse.Namespace, model: ModelSpec, world: int, nproc: int, nnodes: int) -> bool:
+    """The candidate's memory per stage and compute time (False: a layout the rank map refuses)."""
+    from megatron_npu.layout.rankmap import LayoutError, build_rank_map
+
+    args = _layout_args(c, base, world)
     try:
-        args = parse_trainer_args(c.flags, world)
-    except (ConfigError, ValueError):
+        rmap = build_rank_map(
+            tp=c.tp, pp=c.pp, vpp=c.vpp, ep=c.ep, nnodes=nnodes, nproc_per_node=nproc, num_experts=model.num_experts
+        )
+    except LayoutError:
         return False
-    model, st = model_spec_from_args(args), settings_from_args(args)
-    rmap = build_rank_map(
-        tp=c.tp, pp=c.pp, vpp=c.vpp, ep=c.ep, nnodes=nnodes, nproc_per_node=nproc, num_experts=model.num_experts
-    )
-    c.memory = _stage_memory(model, rmap.dims, st)
+    c.memory = _stage_memory(model, rmap.dims, settings_from_args(args))
     c.crossing = sorted(label for label in ("tp", "pp", "dp", "cp", "ep") if _crosses(rmap, label))
-    flops = step_flops(model, c.recompute) / world
-    c.compute_s = flops / (_peak_flops() * EFFICIENCY)
+    c.compute_s = step_flops(model, c.recompute) / world / (_peak_flops() * EFFICIENCY)
     microbatches = model.global_batch_size // (model.micro_batch_size * c.dp)
     c.bubble_s = c.compute_s * (c.pp - 1) / ((c.vpp or 1) * microbatches)
-    c._args = args  # type: ignore[attr-defined]
-    c._rmap = rmap  # type: ignore[attr-defined]
+    c._args, c._rmap = args, rmap  # type: ignore[attr-defined]
+    return True
+
+
+def _validate(c: Candidate, base_flags: list[str], world: int) -> bool:
+    """The trainer's own parser and validation accept the candidate's flags for this world size."""
+    from megatron_npu.layout.plan_cli import parse_trainer_args
+    from megatron_npu.policy import ConfigError
+
+    c.flags = base_flags + c.layout_flags()
+    try:
+        parse_trainer_args(c.flags, world)
+    except (ConfigError, ValueError):
+        return False
     return True
 
 
@@ -210,17 +232,26 @@ def _communication(c: Candidate, intra: float, inter: float) -> None:
 
 
 def search(
-    base: list[str], model: ModelSpec, nnodes: int, nproc: int, intra: float, inter: float
-) -> tuple[list[Candidate], int]:
-    """(fitting candidates fastest first, how many were valid)."""
+    base_flags: list[str], nnodes: int, nproc: int, intra: float, inter: float
+) -> tuple[list[Candidate], list[Candidate]]:
+    """(the fitting candidates the trainer validates, fastest first; every candidate estimated)."""
+    from megatron_npu.layout.memory import model_spec_from_args
+    from megatron_npu.layout.plan_cli import parse_trainer_args
+
     world = nnodes * nproc
+    base = parse_trainer_args(base_flags, 1)  # the model's flags, checked once (no layout yet)
+    model = model_spec_from_args(base)
     limit = PLANNING_FACTS.device_memory_gb * 1e9 * (1 - HEADROOM)
-    valid = [c for c in candidates(model, world, nproc) if _evaluate(c, base, world, nproc, nnodes)]
-    fitting = sorted((c for c in valid if c.peak_bytes <= limit), key=lambda c: c.compute_s + c.bubble_s)
-    timed = fitting[:TIMED]
-    for c in timed:
-        _communication(c, intra, inter)
-    return sorted(timed, key=lambda c: c.step_s), len(valid)
+    estimated = [c for c in candidates(model, world, nproc) if _estimate(c, base, model, world, nproc, nnodes)]
+    fitting = sorted((c for c in estimated if c.peak_bytes <= limit), key=lambda c: c.compute_s + c.bubble_s)
+    timed: list[Candidate] = []
+    for c in fitting:
+        if len(timed) == TIMED:
+            break
+        if _validate(c, base_flags, world):
+            _communication(c, intra, inter)
+            timed.append(c)
+    return sorted(timed, key=lambda c: c.step_s), estimated
 
 
 def _row(c: Candidate, nnodes: int, nproc: int) -> dict[str, Any]:
@@ -247,7 +278,7 @@ def _print(rows: list[Candidate], nnodes: int, nproc: int, valid: int) -> None:
     gb = PLANNING_FACTS.device_memory_gb
     print(
         f"{len(rows)} fastest of the layouts that fit {gb:.0f} GB x (1 - {HEADROOM:.0%} headroom) per "
-        f"{PLANNING_FACTS.device} ({valid} valid layouts) on {nnodes} x {nproc}; step time ASSUMES "
+        f"{PLANNING_FACTS.device} ({valid} layouts estimated) on {nnodes} x {nproc}; step time ASSUMES "
         f"{EFFICIENCY:.0%} of {_peak_flops() / 1e12:.0f} TFLOP/s bf16 and the planner's bandwidths"
     )
     for i, c in enumerate(rows, 1):
@@ -266,17 +297,11 @@ def _print(rows: list[Candidate], nnodes: int, nproc: int, valid: int) -> None:
 
 def run_search(a: argparse.Namespace, argv: list[str]) -> int:
     """The CLI's --search: prints the top layouts, or one line when none fits."""
-    from megatron_npu.layout.memory import model_spec_from_args
-    from megatron_npu.layout.plan_cli import parse_trainer_args
-
-    base = _strip_layout(argv)
-    world = a.nnodes * a.nproc_per_node
-    model = model_spec_from_args(parse_trainer_args(base, world))  # the model flags, checked once
-    rows, valid = search(base, model, a.nnodes, a.nproc_per_node, a.intra_gbps, a.inter_gbps)
+    rows, valid = search(_strip_layout(argv), a.nnodes, a.nproc_per_node, a.intra_gbps, a.inter_gbps)
     if not rows:
-        smallest = _smallest(base, model, a.nnodes, a.nproc_per_node)
+        smallest = min((c.peak_bytes for c in valid), default=float("nan"))
         print(
-            f"plan: no layout fits: {valid} valid layouts on {a.nnodes} x {a.nproc_per_node}, the smallest needs "
+            f"plan: no layout fits: {len(valid)} layouts on {a.nnodes} x {a.nproc_per_node}, the smallest needs "
             f"{smallest / 1e9:.1f} GB per card > {PLANNING_FACTS.device_memory_gb:.0f} GB less {HEADROOM:.0%} "
             "headroom; add nodes, lower --micro-batch-size or --seq-length",
             file=sys.stderr,
@@ -294,11 +319,5 @@ def run_search(a: argparse.Namespace, argv: list[str]) -> int:
             )
         )
     else:
-        _print(top, a.nnodes, a.nproc_per_node, valid)
+        _print(top, a.nnodes, a.nproc_per_node, len(valid))
     return 0
-
-
-def _smallest(base: list[str], model: ModelSpec, nnodes: int, nproc: int) -> float:
-    world = nnodes * nproc
-    sizes = [c.peak_bytes for c in candidates(model, world, nproc) if _evaluate(c, base, world, nproc, nnodes)]
-    return min(sizes, default=float("nan"))

@@ -43,8 +43,11 @@ class Ring:
         returns the receive buffer and the requests to wait on before reading it."""
         received = torch.empty_like(tensor)
         if get_accelerator().prefers_unbatched_p2p:
-            sent = dist.isend(tensor, self.next, group=self.group)
-            return received, [sent, dist.irecv(received, self.prev, group=self.group)]
+            # even ranks send first, odd ranks receive first: each send meets a posted receive
+            send = lambda: dist.isend(tensor, self.next, group=self.group)  # noqa: E731
+            recv = lambda: dist.irecv(received, self.prev, group=self.group)  # noqa: E731
+            first, second = (send, recv) if self.rank % 2 == 0 else (recv, send)
+            return received, [first(), second()]
         ops = [
             dist.P2POp(dist.isend, tensor, self.next, self.group),
             dist.P2POp(dist.irecv, received, self.prev, self.group),

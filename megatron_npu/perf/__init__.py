@@ -1,1 +1,2 @@
-"""Performance tools: the communication counter (``comm``) behind the performance report."""
+"""Performance tools: the communication counter (``comm``) and ``megatron-npu perf-report``
+(``report``: the command, over ``load`` -> ``checks`` -> ``render``)."""

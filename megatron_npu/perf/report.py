@@ -33,6 +33,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from megatron_npu.layout.memory import format_reports as format_memory_reports
+from megatron_npu.layout.memory import read_reports as read_memory_reports
 from megatron_npu.perf.checks import (
     BALANCE_SPREAD_LIMIT,
     BUBBLE_EXCESS_LIMIT,
@@ -152,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     markdown.parent.mkdir(parents=True, exist_ok=True)
     markdown.write_text(render_markdown(report, plots, markdown.parent))
     report["outputs"] = {"markdown": str(markdown), "plots": [str(x) for x in plots]}
+    report["memory"] = read_memory_reports(run.log_dir)  # --memory-report: predicted vs measured bytes
     print(json.dumps(report, indent=1, default=str) if a.json else render_text(report))
+    if report["memory"] and not a.json:
+        print(format_memory_reports(report["memory"]))
     return 0
 
 

@@ -522,6 +522,12 @@ def _add_logging_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-energy", action="store_true")
     g.add_argument("--no-barrier-with-level-1-timing", action="store_false", dest="barrier_with_L1_time")
     g.add_argument("--timing-log-option", type=str, default="minmax", choices=["max", "minmax", "all"])
+    g.add_argument(
+        "--memory-report",
+        action="store_true",
+        help=_EXT + "write each rank's measured bytes (params, grads, optimizer, saved activations) of the "
+        "first step, with the memory model's prediction, to LOG_DIR/memory/",
+    )
     g.add_argument("--tensorboard-log-interval", type=int, default=1)
     g.add_argument("--tensorboard-queue-size", type=int, default=1000)
     g.add_argument("--log-timers-to-tensorboard", action="store_true")

@@ -12,12 +12,12 @@ from typing import Any
 import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
-from megatron.core.optimizer import get_megatron_optimizer, get_standard_config_overrides
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_model_config
 
 from megatron_npu.accelerator import get_accelerator
+from megatron_npu.compat import standard_megatron_optimizer
 from megatron_npu.training.config import ddp_config, optimizer_config
 
 
@@ -95,8 +95,7 @@ def build_optimizer(model: list, args: argparse.Namespace) -> Any:
     """megatron-core's optimizer with the standard overrides (the decoupled group marked
     is_decoupled_lr: patches/optimizer.py)."""
     config = optimizer_config(args)
-    overrides = get_standard_config_overrides(config=config)
-    return get_megatron_optimizer(config, model, config_overrides=overrides)
+    return standard_megatron_optimizer(config, model)
 
 
 def wire_model_config(model: list, optimizer: Any, timers: Any, args: argparse.Namespace) -> Any:

@@ -197,3 +197,7 @@ class SavedRun:
     def optimizer_sharding(self) -> str | None:
         """The distributed optimizer's sharding type (None: no distributed optimizer state)."""
         return self.metadata.get("distrib_optim_sharding_type")
+
+    def loading_metadata(self) -> dict[str, Any]:
+        """The sharded-state-dict metadata to load this checkpoint's optimizer with: the saved one."""
+        return content_metadata(bool(self.distributed_optimizer)) | self.metadata

@@ -33,9 +33,9 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-from megatron.core.utils import unwrap_model
 
 from megatron_npu.accelerator import get_accelerator
+from megatron_npu.compat import unwrap_model
 from megatron_npu.training.arguments import ConfigError
 from megatron_npu.training.checkpoint_format import (
     CHECKPOINT_VERSION,

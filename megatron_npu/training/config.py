@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-from megatron.core.activations import squared_relu
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
@@ -23,6 +22,7 @@ from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.utils import openai_gelu
 
 from megatron_npu.accelerator import get_accelerator
+from megatron_npu.compat import squared_relu
 from megatron_npu.ops.fused import fused_rotary_serves
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

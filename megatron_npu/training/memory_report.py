@@ -187,3 +187,34 @@ def measure_step(
         "forwards": len(tracker.records),
     }
     return result, report
+
+
+def reported_step(step: Any, iterators: list, args: Any) -> Any:
+    """``step(iterators)`` (a TrainStep); with ``--memory-report`` the first step this process runs is
+    measured and ``LOG_DIR/memory/rankNNNNN.json`` written, with the memory model's prediction for
+    this rank beside it (megatron_npu.layout.memory)."""
+    if not getattr(args, "memory_report", False) or getattr(step, "_memory_reported", False) or not args.log_dir:
+        return step(iterators)
+    import torch.distributed as dist
+
+    from megatron_npu.layout.memory import predict_from_args
+
+    original = step.forward_step
+
+    def run(forward_step: Callable) -> Any:
+        step.forward_step = forward_step
+        try:
+            return step(iterators)
+        finally:
+            step.forward_step = original
+
+    result, report = measure_step(run, original, step.model, step.optimizer)
+    step._memory_reported = True
+    rank = dist.get_rank()
+    try:
+        report["predicted"] = predict_from_args(args, rank, dist.get_world_size()).to_json()
+    except ValueError as error:  # a layout the model does not cover: the measurement stands alone
+        report["predicted_error"] = str(error)
+    report["rank"] = rank
+    write_report(args.log_dir, rank, report)
+    return result

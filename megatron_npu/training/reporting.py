@@ -62,9 +62,10 @@ def moe_losses(args: argparse.Namespace, num_microbatches: int, iteration: int, 
     it (the tracker is reduced across the pipeline and data-parallel groups). ``writer``: TensorBoard
     or None, scalars under the same names as Megatron-LM's."""
     import torch
-    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker, track_moe_metrics
+    from megatron.core.transformer.moe.moe_utils import track_moe_metrics
 
     from megatron_npu.accelerator import get_accelerator
+    from megatron_npu.compat import moe_layer_wise_logging_tracker as get_moe_layer_wise_logging_tracker
 
     names = moe_track_names(args)
     # Every rank needs every name (a pipeline stage with no MoE layer still joins the reduce):

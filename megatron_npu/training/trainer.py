@@ -18,6 +18,7 @@ from megatron_npu.training.evaluation import Validator
 from megatron_npu.training.exit_policy import ExitPolicy
 from megatron_npu.training.faults import FaultPlan
 from megatron_npu.training.global_vars import print_rank_0
+from megatron_npu.training.memory_report import reported_step
 from megatron_npu.training.metrics import StepRecord, TrainingMetrics
 from megatron_npu.training.profiler import StepProfiler
 from megatron_npu.training.run_state import RunState
@@ -75,7 +76,7 @@ class Trainer:
         self.profiler.before(iteration)
         accelerator.synchronize()
         started = time.perf_counter()
-        result = self.step(iterators)
+        result = reported_step(self.step, iterators, self.args)  # --memory-report: the first step measured
         accelerator.synchronize()
         elapsed = time.perf_counter() - started
         self.profiler.after(iteration)

@@ -53,11 +53,24 @@ def _limit(pattern: str, capability: str, reason: str) -> ExpectedFailure:
 
 
 _TP = "tests/unit_tests/tensor_parallel"
+_PP = "tests/unit_tests/pipeline_parallel"
+_DIST = "tests/unit_tests/distributed"
+_TE_SPEC = "builds megatron-core's Transformer Engine layer spec (TESpecProvider / TENorm)"
 _CUDAGRAPH_RNG = "cudagraph-safe RNG (use_cudagraphable_rng) is a CUDA-graph generator"
 EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
     _cuda(f"{_TP}/test_random.py::test_double_fork_cuda_rng_states_tracker[[]True[]]", _CUDAGRAPH_RNG),
     _cuda(f"{_TP}/test_random.py::test_convert_cuda_rng_state", _CUDAGRAPH_RNG),
     _te(f"{_TP}/test_initialization.py::Test::test_te_*_init", "TEColumnParallelLinear / TERowParallelLinear"),
+    _te(f"{_PP}/test_bridge_communicator.py::*with_transformer_blocks*", _TE_SPEC),
+    _te(f"{_PP}/test_multimodule_communicator.py::*with_transformer_blocks*", _TE_SPEC),
+    _te(f"{_PP}/test_fine_grained_activation_offloading.py::*", _TE_SPEC),
+    _te(f"{_DIST}/test_finalize_model_grads.py::TestAllReduceLNGrads::*", _TE_SPEC),
+    _te(f"{_DIST}/megatron_fsdp/test_mfsdp_fully_shard.py", "imports transformer_engine at module level"),
+    _te(
+        f"{_PP}/test_pipeline_layout.py::test_forward_vpp*",
+        "gpt_te_spec / the TE decoder block spec (TENorm); the parameters after the first then fail on the "
+        "microbatch calculator the failed one left initialized",
+    ),
 )
 _HOST_RNG = (
     "seeds the host RNG and the device RNG apart (torch.manual_seed(42), model_parallel_cuda_manual_seed(41)) "

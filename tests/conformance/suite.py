@@ -57,15 +57,21 @@ def edit_conftest(root: Path) -> None:
 
 
 def _training_members(archive: tarfile.TarFile) -> list[tarfile.TarInfo]:
-    """Only Megatron-LM's ``megatron/`` package: the suite brings its own tests and pyproject.toml."""
-    return [member for member in archive.getmembers() if member.name.lstrip("./").startswith("megatron/")]
+    """Megatron-LM's ``megatron/`` package and its root modules (gpt_builders.py, model_provider.py, which
+    megatron_fsdp's test utils import): the suite brings its own tests and pyproject.toml."""
+    members = []
+    for member in archive.getmembers():
+        name = member.name.removeprefix("./")
+        if name.startswith("megatron/") or ("/" not in name and name.endswith(".py")):
+            members.append(member)
+    return members
 
 
 def unpack(tarball: Path = TARBALL, workdir: Path = WORKDIR, training: Path = TRAINING_TARBALL) -> Path:
     """The suite's root (holding ``tests/unit_tests`` and ``megatron/training``), unpacked once per content."""
     root = workdir / "suite"
     stamp_file = workdir / "suite.stamp"
-    stamp = _stamp(tarball) + _stamp(training)
+    stamp = _stamp(tarball) + _stamp(training) + _stamp(Path(__file__))  # this file says what is unpacked
     if stamp_file.exists() and stamp_file.read_text() == stamp and (root / CONFTEST).exists():
         return root
     shutil.rmtree(root, ignore_errors=True)

@@ -1,5 +1,7 @@
-"""The conformance runner: its verdict logic (fast), and megatron-core's tensor_parallel suite on the
-patch layer, 8 ranks as upstream runs it (the CI subset: about 3 minutes on 2 cores)."""
+"""The conformance runner: its verdict logic (fast), and the CI subset of megatron-core's suite on the
+patch layer, 8 ranks as upstream runs it: tensor_parallel (TP layers, mappings, RNG tracker, cross
+entropy) and pipeline_parallel/test_schedules.py (1F1B and interleaved schedules, custom process
+groups), about 6-7 minutes on 2 cores. The other folders: python -m tests.conformance.run."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from .expected import EXPECTED_FAILURES, TARGET_LIMITS, ExpectedFailure
 from .results import FolderReport, judge, merge
 from .suite import CONFTEST, CONFTEST_EDITS, REPO, TARBALL, edit_conftest
 
-CI_FOLDERS = ("tensor_parallel",)
+CI_FOLDERS = ("tensor_parallel", "pipeline_parallel/test_schedules.py")
 
 
 def _records(rank: int, nodeid: str, *events: tuple[str, str]) -> list[dict]:
@@ -69,13 +71,19 @@ def test_the_conftest_edits_apply_to_the_suites_conftest(tmp_path):
 
 
 @pytest.mark.launch
-def test_megatron_cores_tensor_parallel_suite_passes_on_the_patch_layer(tmp_path):
+def test_megatron_cores_tensor_parallel_and_schedule_suites_pass_on_the_patch_layer(tmp_path):
     out = tmp_path / "results"
     command = [sys.executable, "-m", "tests.conformance.run", *CI_FOLDERS, "--out", str(out), "--timeout", "400"]
-    job = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500)
+    job = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=2400)
     assert job.returncode == 0, job.stdout[-8000:] + job.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text())["tensor_parallel"]
-    passed = [nodeid for nodeid, result in results.items() if result["outcome"] == "passed"]
-    assert len(passed) >= 20, job.stdout[-4000:]
-    assert "test_gather_split_1d_tensor" in " ".join(passed)  # gloo's shape check answered
-    assert any("test_checkpoint_without_output" in nodeid for nodeid in passed)  # fp8=False, without TE
+    results = json.loads((out / "results.json").read_text())
+    passed = {
+        folder: " ".join(nodeid for nodeid, result in tests.items() if result["outcome"] == "passed")
+        for folder, tests in results.items()
+    }
+    assert len(passed["tensor_parallel"].split()) >= 20, job.stdout[-4000:]
+    assert "test_gather_split_1d_tensor" in passed["tensor_parallel"]  # gloo's shape check answered
+    assert "test_checkpoint_without_output" in passed["tensor_parallel"]  # fp8=False, without TE
+    schedules = passed["pipeline_parallel/test_schedules.py"]
+    assert len(schedules.split()) >= 60, job.stdout[-4000:]  # skipped as 'CUDA not available' before
+    assert schedules.count("_with_custom_pgs") == 3  # new_group with per-process rank lists: lazy gloo

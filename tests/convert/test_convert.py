@@ -120,6 +120,7 @@ def _save_tokenizer(model_dir: Path, tokens: int) -> None:
     transformers.PreTrainedTokenizerFast(tokenizer_object=words).save_pretrained(model_dir)
 
 
+@pytest.mark.launch
 def test_round_trip_gives_the_same_bits(models: dict) -> None:
     for family in [*CONFIGS, "llama-bf16", "qwen2-cut"]:
         result = models["roundtrip"][family]
@@ -260,6 +261,7 @@ def test_refusals_name_the_fix(models: dict, tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.launch
 def test_refusals_of_the_command(models: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Refused by `convert to-megatron` in one line, before megatron-core starts (so in this process)."""
     from megatron_npu.convert.cli import main as convert
@@ -322,6 +324,7 @@ def test_linear_rope_scaling_gives_transformers_angles() -> None:
     torch.testing.assert_close(megatron.sin(), sin[0], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.launch
 def test_printed_flags_describe_the_model(models: dict) -> None:
     llama = model_spec(read_config(models["cases"]["llama"]["hf"]), tp=2).flags()
     text = " ".join(llama)
@@ -346,6 +349,7 @@ def test_printed_flags_describe_the_model(models: dict) -> None:
     assert "--kv-channels 32" in mistral
 
 
+@pytest.mark.launch
 def test_vocabulary_padding_follows_the_tokenizer(models: dict) -> None:
     qwen2 = read_config(models["cases"]["qwen2"]["hf"])
     # The tokenizer's count pads to the model's rows: every row kept.

@@ -457,6 +457,7 @@ def test_plan_refuses_and_cli(capsys):
         "2",
         "--global-batch-size",
         "16",
+        "--bf16",  # the trainer's flag: parameters in bf16 (fp32 without it)
         "--vocab-size",
         "1000",
     ]

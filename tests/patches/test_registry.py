@@ -7,11 +7,13 @@ import types
 
 import pytest
 import torch
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 import megatron_npu
 from megatron_npu.accelerator.cpu import CpuAccelerator
 from megatron_npu.registry import Patch, PatchRegistry, original_of
-from megatron_npu.version import UnsupportedMegatronVersion, check_megatron_core
+from megatron_npu.version import UnsupportedMegatronVersion, check_megatron_core, release_for_patches
 
 
 def make_module(name: str, **attrs) -> types.ModuleType:
@@ -90,24 +92,41 @@ def test_patch_for_another_device_is_not_applied(registry):
     assert target.f(1) == 1
 
 
-def test_missing_target_names_the_untested_version(registry):
-    make_module("fake_mcore_e")
+def test_a_missing_target_in_a_claimed_release_is_recorded_and_said_not_raised(registry, capfd):
+    target = make_module("fake_mcore_e", kept=lambda x: x)
     registry.register(Patch("gone", "fake_mcore_e:vanished", double, "test", "test"))
-    with pytest.raises(AttributeError, match="untested"):
-        registry.apply(CpuAccelerator())
+    registry.register(Patch("deep", "fake_mcore_e:Nope.method", double, "test", "test"))
+    registry.register(Patch("kept", "fake_mcore_e:kept", double, "test", "test"))
+    registry.apply(CpuAccelerator())  # an import hook must not fail megatron-core's import: recorded instead
+    assert sorted(registry.missing()) == ["deep", "gone"] and "does not exist" in registry.missing()["gone"]
+    assert target.kept(1) == 2 and [p.name for p in registry.applied()] == ["kept"]
+    assert capfd.readouterr().err.count("megatron-npu: error: patch") == 2  # said once each, not silent
+
+
+def test_a_missing_module_is_a_missing_target_when_resolved(registry):
+    registry.register(Patch("nomod", "fake_mcore_nowhere.sub:f", double, "test", "test"))
+    registry.apply(CpuAccelerator())
+    assert [p.name for p in registry.pending()] == ["nomod"]
+    registry.resolve(("fake_mcore_nowhere",))
+    assert registry.pending() == [] and "module does not exist" in registry.missing()["nomod"]
 
 
 def test_version_guard_refuses_untested_megatron_core(monkeypatch):
     monkeypatch.delenv("MEGATRON_NPU_ALLOW_UNTESTED_MEGATRON", raising=False)
-    with pytest.raises(UnsupportedMegatronVersion, match=r"0\.99\.0 is untested.*>=0\.16\.0"):
+    with pytest.raises(UnsupportedMegatronVersion, match=r"0\.99\.0 is untested.*>=0\.12\.0"):
         check_megatron_core("0.99.0")
-    assert check_megatron_core("0.16.1") == "0.16.1"
+    with pytest.raises(UnsupportedMegatronVersion, match=r"0\.11\.0 is untested"):
+        check_megatron_core("0.11.0")
+    for release in ("0.12.1", "0.15.3", "0.16.1", "0.19.2"):
+        assert check_megatron_core(release) == release
 
 
-def test_version_guard_override_warns(monkeypatch):
+def test_version_guard_override_warns_and_picks_the_nearest_verified_releases_patches(monkeypatch):
     monkeypatch.setenv("MEGATRON_NPU_ALLOW_UNTESTED_MEGATRON", "1")
     with pytest.warns(RuntimeWarning, match="untested"):
-        assert check_megatron_core("0.12.1") == "0.12.1"
+        assert check_megatron_core("0.20.0") == "0.20.0"
+    assert release_for_patches("0.20.0") == "0.19.2" and release_for_patches("0.11.0") == "0.12.1"
+    assert release_for_patches("0.14.0") == "0.14.0"
 
 
 def test_global_patch_set_maps_cuda_calls_on_cpu_and_unpatch_restores_them():
@@ -177,13 +196,37 @@ def test_pipeline_outputs_are_kept_until_gloo_has_sent_them():
     assert config.deallocate_pipeline_outputs is False
 
 
-def test_a_patch_is_refused_outside_the_megatron_core_versions_it_was_verified_for(registry, monkeypatch):
-    monkeypatch.delenv("MEGATRON_NPU_ALLOW_UNTESTED_MEGATRON", raising=False)
-    target = make_module("fake_mcore_f", f=lambda x: x)
-    registry.register(Patch("future", "fake_mcore_f:f", double, "test", "test", megatron_versions=">=0.99"))
-    with pytest.raises(UnsupportedMegatronVersion, match=r"future.*>=0\.99"):
-        registry.apply(CpuAccelerator())
-    assert target.f(1) == 1 and not registry.active
+def test_a_patch_outside_its_verified_releases_is_listed_not_applied(registry, monkeypatch):
+    monkeypatch.setattr("megatron_npu.registry.installed_megatron_core", lambda: "0.14.0")
+    target = make_module("fake_mcore_f", f=lambda x: x, g=lambda x: x)
+    registry.register(Patch("new", "fake_mcore_f:f", double, "test", "test", megatron_versions=">=0.16"))
+    registry.register(Patch("old", "fake_mcore_f:g", double, "test", "test", megatron_versions=">=0.12,<0.16"))
+    registry.register(Patch("absent", "fake_mcore_f:only_in_016", double, "test", "test", megatron_versions=">=0.16"))
+    registry.apply(CpuAccelerator())
+    assert target.f(1) == 1 and target.g(1) == 2 and registry.release == "0.14.0"
+    assert sorted(p.name for p in registry.other_release()) == ["absent", "new"]
+    assert registry.missing() == {}  # a target of another release is not looked up
+
+
+def test_every_patch_states_a_range_inside_the_supported_releases():
+    from megatron_npu.registry import REGISTRY
+    from megatron_npu.version import VERIFIED_RELEASES
+
+    wheels = [Version(wheel) for wheel, _ in VERIFIED_RELEASES.values()]
+    for patch in REGISTRY.patches:
+        covered = [w for w in wheels if w in SpecifierSet(patch.megatron_versions)]
+        assert covered, f"{patch.name}: {patch.megatron_versions} covers no verified release"
+    targets: dict[str, list] = {}
+    for patch in REGISTRY.patches:  # one target, several patches: their ranges must not overlap
+        targets.setdefault(patch.target, []).append(patch)
+    for target, patches in targets.items():
+        for wheel in wheels:
+            claiming = [
+                p.name
+                for p in patches
+                if wheel in SpecifierSet(p.megatron_versions) and p.requires == patches[0].requires
+            ]
+            assert len(claiming) <= 1, (target, str(wheel), claiming)
 
 
 def test_a_capability_the_accelerator_does_not_have_is_an_error_not_a_silent_skip():

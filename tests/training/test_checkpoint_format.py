@@ -96,6 +96,7 @@ def test_a_megatron_lm_checkpoint_reads_as_its_layout_counters_and_formats() -> 
     assert saved.model_shape == {"num_layers": 4, "num_attention_heads": 4, "num_query_groups": 4}
     assert (saved.has_optimizer, saved.has_rng, saved.distributed_optimizer) == (True, True, True)
     assert saved.optimizer_sharding == "dp_reshardable" and not saved.rng_by_dp
+    assert saved.loading_metadata()["distrib_optim_sharding_type"] == "dp_reshardable"
     # before content metadata (megatron-core < 0.13) Megatron-LM's optimizer was not reshardable
     assert SavedRun.read(common, None).optimizer_sharding == "dp_zero_gather_scatter"
     args.expert_model_parallel_size = 2  # under EP > 1 Megatron-LM shards the RNG states by DP rank too
@@ -118,6 +119,7 @@ def test_this_trainers_checkpoints_read_back_new_and_old() -> None:
     saved = SavedRun.read(common, content_metadata(True))
     assert saved.written_by == "megatron-npu" and saved.run_state == state.state_dict()
     assert saved.layout == LAYOUT and saved.optimizer_sharding == "fully_reshardable"
+    assert saved.loading_metadata() == content_metadata(True)
     # saved before Megatron-LM's fields: top-level counters, no content metadata (always fully reshardable)
     old = {"iteration": 6, "consumed_train_samples": 48, "consumed_valid_samples": 0, "layout": LAYOUT}
     saved = SavedRun.read(old | {"has_optimizer": True, "distributed_optimizer": True, "has_rng": True}, None)

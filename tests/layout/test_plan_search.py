@@ -1,0 +1,129 @@
+"""`megatron-npu plan` with pretrain_gpt.py's flags, and `plan --search` on LLaMA-2-shaped models (no torchrun)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_npu.layout import plan_cli, search
+from megatron_npu.training.arguments import parse_args
+
+COMMON = (
+    "--seq-length 4096 --max-position-embeddings 4096 --swiglu --normalization RMSNorm --position-embedding-type rope "
+    "--disable-bias-linear --untie-embeddings-and-output-weights --bf16 --vocab-size 32000 --micro-batch-size 1 "
+    "--global-batch-size 1024"
+).split()
+LLAMA2 = {  # Hugging Face's meta-llama/Llama-2-{7,13,70}b configs as pretrain_gpt.py flags
+    "7b": "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 11008".split(),
+    "13b": "--num-layers 40 --hidden-size 5120 --num-attention-heads 40 --ffn-hidden-size 13824".split(),
+    "70b": (
+        "--num-layers 80 --hidden-size 8192 --num-attention-heads 64 --group-query-attention --num-query-groups 8 "
+        "--ffn-hidden-size 28672"
+    ).split(),
+}
+# (model, nodes): a fit is expected (True), a refusal (False); 70B's weights, grads and Adam state need
+# about 1.1 TB: more than 8 cards of 64 GB hold
+EXPECT = {("7b", 1): True, ("13b", 2): True, ("70b", 16): True, ("70b", 1): False}
+
+
+def run_search(capsys, model: str, nodes: int) -> tuple[int, dict | None, str]:
+    argv = ["--search", "--nnodes", str(nodes), "--nproc-per-node", "8", *LLAMA2[model], *COMMON, "--json"]
+    rc = plan_cli.main(argv + ["--top", "3"])
+    out = capsys.readouterr()
+    return rc, (json.loads(out.out) if rc == 0 else None), out.err
+
+
+@pytest.mark.parametrize("model,nodes", [("7b", 1), ("7b", 2), ("13b", 2), ("70b", 2), ("70b", 16), ("70b", 1)])
+def test_search_prints_layouts_that_fit_and_pass_the_trainers_validation(capsys, model, nodes):
+    rc, data, err = run_search(capsys, model, nodes)
+    expected = EXPECT.get((model, nodes))
+    if rc != 0:
+        assert expected is not True, err
+        assert rc == 3 and err.count("\n") == 1 and err.startswith("plan: no layout fits:") and "GB per card" in err
+        return
+    assert expected is not False and data["layouts"]
+    limit = 64e9 * (1 - search.HEADROOM)
+    steps = [row["predicted_step_s"] for row in data["layouts"]]
+    assert steps == sorted(steps)
+    for row in data["layouts"]:
+        assert row["max_memory_bytes"] <= limit
+        assert row["tp"] in (1, 2, 4, 8) and row["rank_map"]["groups_crossing_nodes"].count("tp") == 0
+        stages = {m["pp_rank"]: m for m in row["memory"]}
+        assert set(stages) == set(range(row["pp"]))
+        if row["pp"] > 1:  # the first stage holds the embedding, the last the output layer and logits
+            assert stages[0]["saved_by_type"].get("embedding") and stages[row["pp"] - 1]["saved_by_type"].get("output")
+        # the printed flags are pretrain_gpt.py's, accepted by its validation for this world size
+        args = parse_args(
+            [*row["flags"], "--mock-data", "--train-iters", "1", "--lr", "1e-4"],
+            world_size=nodes * 8,
+            check_paths=False,
+            check_target=False,
+        )
+        assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size) == (row["tp"], row["pp"])
+        assert args.parallel.dp == row["dp"] and args.sequence_parallel == (row["tp"] > 1)
+
+
+def test_search_table_and_hf_config(tmp_path, capsys):
+    """--hf-config gives the same model flags as the trainer's spelling; the table names the assumptions."""
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 4096,
+                "intermediate_size": 11008,
+                "num_attention_heads": 32,
+                "num_hidden_layers": 32,
+                "num_key_value_heads": 32,
+                "max_position_embeddings": 4096,
+                "rms_norm_eps": 1e-5,
+                "vocab_size": 32000,
+                "hidden_act": "silu",
+                "rope_theta": 10000.0,
+                "torch_dtype": "bfloat16",
+                "tie_word_embeddings": False,
+            }
+        )
+    )
+    shape = "--seq-length 4096 --micro-batch-size 1 --global-batch-size 1024".split()
+    assert (
+        plan_cli.main(["--search", "--nnodes", "1", "--nproc-per-node", "8", "--hf-config", str(tmp_path), *shape]) == 0
+    )
+    table = capsys.readouterr().out
+    assert "fit 64 GB x (1 - 10% headroom) per 910B" in table and "ASSUMES 40% of 354 TFLOP/s" in table
+    assert "1. TP " in table and "memory per card: stage 0 rank 0:" in table and "flags: --num-layers 32" in table
+    rc, data, _ = run_search(capsys, "7b", 1)
+    first = table.split("\n1. ")[1].split(":")[0]
+    assert first.startswith(f"TP {data['layouts'][0]['tp']} x PP {data['layouts'][0]['pp']}")
+
+
+def test_plan_takes_the_trainers_flags_and_the_short_spellings(capsys):
+    shape = (
+        "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 "
+        "--global-batch-size 8 --vocab-size 1000"
+    ).split()
+    launch = ["--nnodes", "1", "--nproc-per-node", "4", "--json"]
+    assert (
+        plan_cli.main([*launch, *shape, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"])
+        == 0
+    )
+    trainer = json.loads(capsys.readouterr().out)
+    assert plan_cli.main([*launch, *shape, "--tp", "2", "--pp", "2", "--dtype", "fp32"]) == 0
+    short = json.loads(capsys.readouterr().out)
+    assert trainer["ranks"] == short["ranks"] and trainer["memory"] == short["memory"]
+    assert [m["pp_rank"] for m in trainer["memory"]] == [0, 1]
+    assert trainer["memory"][1]["saved_by_type"]["output"] > 0 and "output" not in trainer["memory"][0]["saved_by_type"]
+    # the trainer's validation names its own flag
+    assert plan_cli.main([*launch, *shape, "--tensor-model-parallel-size", "3"]) == 2
+    assert "plan: error:" in capsys.readouterr().err
+
+
+def test_in_flight_micro_batches_follow_megatron_core_schedules():
+    assert search.__name__  # the module imports without torch's trainer
+    from megatron_npu.layout.memory import in_flight
+
+    assert [in_flight(4, 1, r, 8)[0] for r in range(4)] == [{0: 4}, {0: 3}, {0: 2}, {0: 1}]
+    assert in_flight(4, 1, 0, 2)[0] == {0: 2}  # fewer micro-batches than stages
+    # interleaved, PP 2 x VPP 2, 4 micro-batches: stage 0 warms up 2 + 2 forwards, then one more
+    assert in_flight(2, 2, 0, 4)[0] == {0: 3, 1: 2} and in_flight(2, 2, 1, 4)[0] == {0: 2, 1: 1}
