@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -50,9 +49,16 @@ def load_megatron_lm(tmp: Path) -> types.ModuleType:
     return module
 
 
+class _Args(argparse.Namespace):
+    """Megatron-LM's args: a flag this trainer lacks (multi-latent attention, MTP, ...) reads as unset."""
+
+    def __getattr__(self, name: str) -> None:
+        return None
+
+
 def megatron_lm_figures(module: types.ModuleType, args: dict) -> tuple[float, float]:
     """(weights + optimizer, activations) bytes by Megatron-LM's formulas for this run's settings."""
-    ns = argparse.Namespace(**args)
+    ns = _Args(**args)
     ns.is_hybrid_model, ns.mtp_num_layers = False, None
     ns.data_parallel_size = args["world_size"] // (
         args["tensor_model_parallel_size"] * args["pipeline_model_parallel_size"] * args["context_parallel_size"]
@@ -63,7 +69,6 @@ def megatron_lm_figures(module: types.ModuleType, args: dict) -> tuple[float, fl
 
 
 def run_worker(layouts: list[str]) -> list[dict]:
-    sys.path.insert(0, str(ROOT / "tests"))
     from distributed import torchrun
 
     job = torchrun(ROOT / "tests" / "fixtures" / "layout" / "memory_check_worker.py", *layouts, nproc=4, timeout=1800)
@@ -73,7 +78,7 @@ def run_worker(layouts: list[str]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(ROOT / "tests" / "layout"))
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "layout")]
     from test_memory_model import EXACT_LAYOUTS, UPPER_BOUND_LAYOUTS
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

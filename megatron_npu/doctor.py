@@ -7,6 +7,7 @@ megatron-core, CANN), every applied patch with its reason, and warnings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -230,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--patches", action="store_true", help="list the patches only")
     args = parser.parse_args(argv)
-    report = collect()
+    with contextlib.redirect_stdout(sys.stderr):  # modules imported to look targets up may print: keep stdout JSON
+        report = collect()
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")

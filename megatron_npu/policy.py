@@ -449,10 +449,9 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
         alternative="convert with `megatron-npu convert` or Megatron-LM's tools/checkpoint",
     ),
     *_lacking(
-        "fully reshardable distributed-optimizer checkpoints are not supported by this trainer",
-        "--dist-ckpt-optim-fully-reshardable",
+        "the memory-efficient fully reshardable save is not supported by this trainer",
         "--distrib-optim-fully-reshardable-mem-efficient",
-        alternative="drop it (optimizer state reshards across data-parallel sizes)",
+        alternative="drop it (this trainer's optimizer state is always saved fully reshardable)",
     ),
     *_lacking(
         "straggler detection and the workload inspector are not supported by this trainer",
@@ -589,6 +588,11 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     _ignored("--record-memory-history", _NO_HISTORY),
     _ignored("--memory-snapshot-path", _NO_HISTORY),
     _ignored("--ckpt-fully-parallel-load", "loads use megatron-core's default strategy"),
+    _ignored(
+        "--dist-ckpt-optim-fully-reshardable",
+        "the distributed optimizer's state is always saved fully reshardable (loadable under any TP / PP / DP)",
+        _TRUE,
+    ),
     _ignored("--ckpt-assume-constant-structure", "each save builds its plan afresh"),
     _ignored("--log-progress", "progress is the iteration line and LOG_DIR/metrics.jsonl"),
     _ignored("--logging-level", "the trainer prints on rank 0 / the last rank only"),

@@ -128,6 +128,13 @@ class PatchRegistry:
         """The megatron-core release the patches were chosen for (None before apply)."""
         return self._release
 
+    def original_attribute(self, owner: Any, attribute: str) -> Any:
+        """``owner.attribute`` as it was before any patch replaced it (the current value when none did)."""
+        for record in self._replacements:
+            if record.owner is owner and record.attribute == attribute and not record.alias:
+                return _unwrap_descriptor(record.original)
+        return getattr(owner, attribute)
+
     def alias_count(self, patch_name: str) -> int:
         return sum(1 for r in self._replacements if r.patch == patch_name and r.alias)
 

@@ -90,6 +90,11 @@ def _apply_collective_timeout(accelerator: Accelerator, timeout: timedelta) -> N
 
 def _positional_backend(original: Callable, accelerator: Accelerator) -> Callable:
     """init_process_group takes the backend as its first positional argument."""
+    # The accelerator's group-creation variables (gloo: lazy connect), read by every group created
+    # from here on. Set when the patch applies, not per call: megatron-core's test conftest restores
+    # os.environ after each test, which dropped a variable set inside the first test's init call.
+    for name, value in accelerator.process_group_environment().items():
+        os.environ.setdefault(name, value)
     wrapped = _group_wrapper(original, accelerator)
     map_backend = backend_mapper(accelerator)
 
@@ -104,8 +109,6 @@ def _positional_backend(original: Callable, accelerator: Accelerator) -> Callabl
         timeout = args[1] if len(args) > 1 else kwargs.get("timeout")  # (init_method, timeout, ...)
         if timeout is not None:
             _apply_collective_timeout(accelerator, timeout)
-        for name, value in accelerator.process_group_environment().items():
-            os.environ.setdefault(name, value)  # read by every group created from here on
         return wrapped(*args, **kwargs)
 
     return init_process_group
@@ -250,6 +253,28 @@ def _destroy(groups: list[Any]) -> int:
         torch.distributed.destroy_process_group(group)
         destroyed += 1
     return destroyed
+
+
+@register(
+    "parallel_state.destroy_model_parallel.destroy_groups",
+    f"{PARALLEL_STATE}:destroy_model_parallel",
+    reason="drops its references to the groups create_group made but destroys only the gloo DP ones; a gloo "
+    "group keeps 3 threads (one polling every 10 ms), so a job that re-initialises model parallelism (megatron-"
+    "core's unit tests, per test) piles up ~470 threads per rank and starves (dist_checkpointing/"
+    "test_serialization.py); the released groups are destroyed once all their members released them",
+    subsystem=SUBSYSTEM,
+    megatron_versions=">=0.16.0,<0.17",
+    requires="groups_hold_threads",
+)
+def _destroy_released_groups(original: Callable, accelerator: Accelerator) -> Callable:
+    @functools.wraps(original)
+    def destroy_model_parallel(*args: Any, **kwargs: Any) -> Any:
+        released = _groups_megatron_created()
+        result = original(*args, **kwargs)
+        _destroy(released)
+        return result
+
+    return destroy_model_parallel
 
 
 def flat_all_gather(original: Callable, accelerator: Accelerator) -> Callable:

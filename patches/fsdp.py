@@ -28,6 +28,8 @@ from megatron_npu.registry import register
 from .device_arguments import FOREIGN_DEVICE_TYPE
 
 SUBSYSTEM = "fsdp"
+#: megatron-core releases these patches were verified with (Megatron-FSDP's internals move between releases)
+VERSIONS = ">=0.16.0,<0.17"
 MEGATRON_FSDP_BUFFER = "megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer"
 
 
@@ -66,6 +68,7 @@ def scaled_sum_preprocessing(original: Callable) -> Callable:
 register(
     "megatron_fsdp.gradient_reduce_preprocessing.premul_sum",
     f"{MEGATRON_FSDP_BUFFER}:gradient_reduce_preprocessing",
+    megatron_versions=VERSIONS,
     reason="Megatron-FSDP reduces gradients with PREMUL_SUM (the 1/DP scaling fused into the collective), which "
     "the collective library lacks: the gradients are scaled first and summed",
     subsystem=SUBSYSTEM,
@@ -108,6 +111,7 @@ def single_rank_reduction_in_place(original: Callable) -> Callable:
 register(
     "megatron_fsdp.GradReducePipeline._bucket_group_gradient_reduce.single_rank",
     f"{MEGATRON_FSDP_BUFFER}:GradReducePipeline._bucket_group_gradient_reduce",
+    megatron_versions=VERSIONS,
     reason="with one rank in the FSDP group the gradient bucket is the gradient buffer, and the reduce-scatter's "
     "output is added to it again: every micro-batch doubles the accumulated gradient (silent); reduced in place",
     subsystem=SUBSYSTEM,
@@ -117,6 +121,7 @@ register(
 @register(
     "megatron.core.parallel_state.get_nccl_options.foreign",
     "megatron.core.parallel_state:get_nccl_options",
+    megatron_versions=VERSIONS,
     reason="builds torch.distributed.ProcessGroupNCCL.Options for groups named in the NCCL communicator configs "
     "(Megatron-LM names 'dp_cp' a high-priority stream under FSDP); off NCCL that class does not exist and "
     "new_group drops NCCL options anyway: none",
@@ -133,6 +138,7 @@ def _get_nccl_options(original: Callable, accelerator: Accelerator) -> Callable:
 @register(
     "megatron.core.distributed.data_parallel_base._BaseDataParallel.finish_grad_sync.force_all_reduce",
     "megatron.core.distributed.data_parallel_base:_BaseDataParallel.finish_grad_sync",
+    megatron_versions=VERSIONS,
     reason="finalize_model_grads calls finish_grad_sync(force_all_reduce=...), which the base class (and so torch "
     "FSDP2's TorchFullyShardedDataParallel, whose gradients fully_shard reduces in backward) does not take: "
     "TypeError at the first step; the argument is accepted and ignored there",

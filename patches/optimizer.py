@@ -133,6 +133,7 @@ def _sharded_state_dict(original: Callable, accelerator: Accelerator) -> Callabl
     f"{DIST_OPT}:DistributedOptimizer._set_main_param_and_optimizer_states",
     reason="iterates the destination keys, which include torch AdamW's 'step' that the checkpoint drops (KeyError)",
     subsystem=SUBSYSTEM,
+    megatron_versions=">=0.13.0,<0.20",  # reads config.use_precision_aware_optimizer_no_fp8_or_ds_fp8 (new in 0.13)
 )
 def _set_states(original: Callable, accelerator: Accelerator) -> Callable:
     @functools.wraps(original)

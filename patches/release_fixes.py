@@ -6,8 +6,13 @@ Each patch here applies only to the releases it names: a later release fixed the
 from __future__ import annotations
 
 import functools
+import importlib.util
+import inspect
+import types
 from collections.abc import Callable
 from typing import Any
+
+import numpy
 
 from megatron_npu.accelerator.base import Accelerator
 from megatron_npu.registry import register
@@ -32,3 +37,96 @@ def _quantize_param_shard(original: Callable[..., None], accelerator: Accelerato
         return original(model_params, *args, **kwargs)
 
     return quantize_param_shard
+
+
+class _NumpyWithProduct(types.ModuleType):
+    """numpy, plus ``product`` (removed in NumPy 2.0; the same function as ``prod``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(numpy, name)
+
+
+def _numpy_with_product(original: types.ModuleType, accelerator: Accelerator) -> types.ModuleType:
+    if hasattr(original, "product"):  # NumPy 1.x: nothing to add
+        return original
+    proxy = _NumpyWithProduct(original.__name__, original.__doc__)
+    proxy.product = original.prod  # type: ignore[attr-defined]
+    return proxy
+
+
+# Up to 0.15.x dist_checkpointing calls np.product on the flattened-range path: the distributed optimizer's
+# default checkpoint layout before 0.15. With NumPy 2 (what torch 2.13 installs beside) a save raises
+# AttributeError. One patch per module that calls it.
+for _module in ("mapping", "validation", "exchange_utils"):
+    register(
+        f"dist_checkpointing.{_module}.np.product",
+        f"megatron.core.dist_checkpointing.{_module}:np",
+        reason="calls np.product, removed in NumPy 2.0: numpy with product = prod",
+        subsystem=SUBSYSTEM,
+        megatron_versions=">=0.12.0,<0.16",
+    )(_numpy_with_product)
+
+
+@register(
+    "dist_checkpointing.filesystem_async._write_item.serialization_format",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async:_write_item",
+    reason="0.12.x calls torch's private _write_item without serialization_format, which newer torch requires "
+    "(every torch_dist save fails); 0.13 passes TORCH_SAVE where the parameter exists: the same",
+    subsystem=SUBSYSTEM,
+    megatron_versions=">=0.12.0,<0.13",
+)
+def _write_item(original: Callable[..., Any], accelerator: Accelerator) -> Callable[..., Any]:
+    if "serialization_format" not in inspect.signature(original).parameters:
+        return original
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
+
+    @functools.wraps(original)
+    def write_item(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("serialization_format", SerializationFormat.TORCH_SAVE)
+        return original(*args, **kwargs)
+
+    return write_item
+
+
+@register(
+    "distrib_optimizer._set_main_param_and_optimizer_states.source_keys.config_0_12",
+    "megatron.core.optimizer.distrib_optimizer:DistributedOptimizer._set_main_param_and_optimizer_states",
+    reason="iterates the destination keys, which include torch AdamW's 'step' that the checkpoint drops "
+    "(KeyError on load); 0.12's config names the precision-aware switch use_precision_aware_optimizer "
+    "(patches/optimizer.py's patch covers 0.13+)",
+    subsystem=SUBSYSTEM,
+    megatron_versions=">=0.12.0,<0.13",
+)
+def _set_states_012(original: Callable[..., None], accelerator: Accelerator) -> Callable[..., None]:
+    @functools.wraps(original)
+    def _set_main_param_and_optimizer_states(self: Any, model_param: Any, tensors: dict) -> None:
+        if self.config.use_precision_aware_optimizer:
+            return original(self, model_param, tensors)
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        destination = {"param": main_param, **self.optimizer.state[main_param]}
+        for key, value in tensors.items():
+            if key in destination:
+                destination[key].copy_(value)
+        return None
+
+    return _set_main_param_and_optimizer_states
+
+
+@register(
+    "utils.is_te_min_version.without_te_0_12",
+    "megatron.core.utils:is_te_min_version",
+    reason="0.12.x: get_te_version imports transformer_engine unguarded, so Megatron-LM's checkpoint loading "
+    "(fix_fp8_params_lose_precision_when_loading_dist_ckpt) raises ModuleNotFoundError without TE; without TE "
+    "no minimum TE version is met: False (megatron_core_fixes.py covers 0.16's variant)",
+    subsystem=SUBSYSTEM,
+    megatron_versions=">=0.12.0,<0.13",
+)
+def _is_te_min_version_012(original: Callable[..., bool], accelerator: Accelerator) -> Callable[..., bool]:
+    @functools.wraps(original)
+    def is_te_min_version(version: str, check_equality: bool = True) -> bool:
+        if importlib.util.find_spec("transformer_engine") is None:
+            return False
+        return original(version, check_equality)
+
+    return is_te_min_version

@@ -116,3 +116,25 @@ register(
     reason="nvtx ranges (profiling) do not exist off CUDA: no-op context",
     subsystem=SUBSYSTEM,
 )(lambda original, accelerator: lambda *args, **kwargs: contextlib.nullcontext())
+
+
+@register(
+    "torch.accelerator.is_available.unredirected",
+    "torch.accelerator:is_available",
+    reason="torch's own code (the optimizers' graph-capture check, ...) asks torch.accelerator, which asks the "
+    "build's device module: with a CUDA build of torch and no GPU, the redirected torch.cuda.is_available above "
+    "would send it into CUDA's lazy init; it gets the device module's own answer",
+    subsystem=SUBSYSTEM,
+)
+def _accelerator_is_available(original: Callable[[], bool], accelerator: Accelerator) -> Callable[[], bool]:
+    import torch
+
+    from megatron_npu.registry import REGISTRY
+
+    def is_available() -> bool:
+        device = torch.accelerator.current_accelerator()
+        if device is None:  # a build without an accelerator
+            return False
+        return bool(REGISTRY.original_attribute(torch.get_device_module(device), "is_available")())
+
+    return is_available

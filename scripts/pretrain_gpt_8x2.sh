@@ -125,9 +125,11 @@ node_env() {  # $1 node rank; prints "export K=V" lines
         if [ -n "$route" ]; then if_ip=${route%% *}; if_dev=${route#* }; fi
     fi
     [ -n "$if_ip" ] || if_ip=${HOST_LIST[$node]}  # other nodes in a dry run: their HOSTS entry
-    echo "export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}"
-    # HCCL_EXEC_TIMEOUT follows --distributed-timeout-minutes (the patch layer sets it); yours wins
-    if [ -n "${HCCL_EXEC_TIMEOUT:-}" ]; then echo "export HCCL_EXEC_TIMEOUT=$HCCL_EXEC_TIMEOUT"; fi
+    # HCCL's link set-up and collective timeouts follow --distributed-timeout-minutes (the patch
+    # layer sets both before the process group exists); the ones you export win
+    for var in HCCL_CONNECT_TIMEOUT HCCL_EXEC_TIMEOUT; do
+        if [ -n "${!var:-}" ]; then echo "export $var=${!var}"; fi
+    done
     echo "export HCCL_IF_IP=${HCCL_IF_IP:-$if_ip}"
     if [ -n "$if_dev" ] && [ "$if_dev" != "lo" ]; then echo "export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$if_dev}"; fi
     echo "export ASCEND_RT_VISIBLE_DEVICES=${ASCEND_RT_VISIBLE_DEVICES:-$(seq -s, 0 $((NPROC_PER_NODE - 1)))}"

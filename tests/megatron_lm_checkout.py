@@ -40,5 +40,5 @@ def upstream(checkout: Path, *flags: str, nproc: int, cwd: Path | None = None, s
         env=env_for(checkout),
         torchrun_args=("--module",),
         cwd=cwd,
-        timeout=300,
+        timeout=600,
     )

@@ -32,7 +32,9 @@ What is counted, and how it was checked (tests/layout/test_memory_model.py, cpu 
   (VPP - 1) x PP forwards, chunks in groups of PP micro-batches). Full recompute keeps each
   recomputed unit's input and, while one unit runs backward, its full activations; selective
   recompute drops core attention's activations (recomputed from Q, K, V). Checked as the measured
-  peak of saved bytes alive at once.
+  peak of saved bytes alive at once. Known gap: on a later pipeline stage the measured peak can hold
+  one more [s, b, h] activation than modelled (the last stage of TP2 x PP2 with SP and of full block
+  recompute, up to 4.9% low); the dropless MoE bound is 56-70% above a random routing's bytes.
 
 Modelled, not measured: dropout masks (hidden / attention dropout > 0: the tests run without
 dropout), CP (sequence terms / CP, attention as flash), megatron-core FSDP (params, grads and

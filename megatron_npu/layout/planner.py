@@ -1,5 +1,7 @@
 """Communication planner: what each rank passes to torch.distributed per training iteration.
 
+The ``megatron-npu plan`` command is megatron_npu/layout/plan_cli.py (memory: memory.py; --search: search.py).
+
 Definitions (shared with ``megatron_npu.perf.comm.CommCounter`` so a plan can be checked
 against a measured run):
 

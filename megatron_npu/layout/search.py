@@ -33,7 +33,7 @@ from typing import Any
 
 from megatron_npu.accelerator.facts import PLANNING_FACTS
 from megatron_npu.layout.memory import MemorySettings, RankMemory, predict, settings_from_args
-from megatron_npu.layout.parallel_dims import divisors
+from megatron_npu.layout.parallel_dims import LayoutError, ParallelDims, divisors
 from megatron_npu.layout.planner import ModelSpec, plan
 
 HEADROOM = 0.10  # of the device's memory, kept free for what the model does not count
@@ -171,21 +171,18 @@ def _layout_args(c: Candidate, base: argparse.Namespace, world: int) -> argparse
 
 def _estimate(c: Candidate, base: argparse.Namespace, model: ModelSpec, world: int, nproc: int, nnodes: int) -> bool:
     """The candidate's memory per stage and compute time (False: a layout the rank map refuses)."""
-    from megatron_npu.layout.rankmap import LayoutError, build_rank_map
-
     args = _layout_args(c, base, world)
-    try:
-        rmap = build_rank_map(
-            tp=c.tp, pp=c.pp, vpp=c.vpp, ep=c.ep, nnodes=nnodes, nproc_per_node=nproc, num_experts=model.num_experts
+    try:  # the layout's rules (ParallelDims); megatron-core's rank map is built only for the fastest
+        dims = ParallelDims.for_launch(
+            tp=c.tp, pp=c.pp, ep=c.ep, vpp=c.vpp, nnodes=nnodes, nproc_per_node=nproc, num_experts=model.num_experts
         )
     except LayoutError:
         return False
-    c.memory = _stage_memory(model, rmap.dims, settings_from_args(args))
-    c.crossing = sorted(label for label in ("tp", "pp", "dp", "cp", "ep") if _crosses(rmap, label))
+    c.memory = _stage_memory(model, dims, settings_from_args(args))
     c.compute_s = step_flops(model, c.recompute) / world / (_peak_flops() * EFFICIENCY)
     microbatches = model.global_batch_size // (model.micro_batch_size * c.dp)
     c.bubble_s = c.compute_s * (c.pp - 1) / ((c.vpp or 1) * microbatches)
-    c._args, c._rmap = args, rmap  # type: ignore[attr-defined]
+    c._args = args  # type: ignore[attr-defined]
     return True
 
 
@@ -207,18 +204,22 @@ def _crosses(rmap: Any, label: str) -> bool:
 
 
 def _stage_memory(model: ModelSpec, dims: Any, st: MemorySettings) -> list[RankMemory]:
-    """Each pipeline stage's first rank and its last DP rank (distributed-optimizer shards differ)."""
+    """The first and the last pipeline stage's first rank: the stages whose peaks bound the others
+    (a middle stage holds the same layers as the first, fewer micro-batches in flight, no embedding)."""
     per_stage = dims.world_size // dims.pp
-    ranks = sorted({r for stage in range(dims.pp) for r in (stage * per_stage, (stage + 1) * per_stage - 1)})
-    return [predict(model, dims, st, r) for r in ranks]
+    return [predict(model, dims, st, stage * per_stage) for stage in sorted({0, dims.pp - 1})]
 
 
-def _communication(c: Candidate, intra: float, inter: float) -> None:
+def _communication(c: Candidate, nnodes: int, nproc: int, intra: float, inter: float) -> None:
     """Exposed communication seconds of the slowest stage: the planner's wire bytes per label."""
     from megatron_npu.layout.plan_cli import specs_from_args
+    from megatron_npu.layout.rankmap import build_rank_map
 
     model, par = specs_from_args(c._args)  # type: ignore[attr-defined]
-    rmap = c._rmap  # type: ignore[attr-defined]
+    rmap = build_rank_map(
+        tp=c.tp, pp=c.pp, vpp=c.vpp, ep=c.ep, nnodes=nnodes, nproc_per_node=nproc, num_experts=model.num_experts
+    )
+    c.crossing = sorted(label for label in ("tp", "pp", "dp", "cp", "ep") if _crosses(rmap, label))
     result = plan(model, rmap, par, intra, inter)
     per_stage = rmap.world_size // rmap.dims.pp
     worst = 0.0
@@ -249,7 +250,7 @@ def search(
         if len(timed) == TIMED:
             break
         if _validate(c, base_flags, world):
-            _communication(c, intra, inter)
+            _communication(c, nnodes, nproc, intra, inter)
             timed.append(c)
     return sorted(timed, key=lambda c: c.step_s), estimated
 

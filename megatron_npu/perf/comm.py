@@ -16,7 +16,9 @@ wrapped too, because P2POp validates ``op`` against them.
 megatron-core binds some functions by value at import (``dist_all_gather_func =
 torch.distributed.all_gather_into_tensor`` in tensor_parallel.mappings / layers and
 distributed.param_and_grad_buffer), so install() also rebinds every module-level alias of
-a wrapped function outside torch, and uninstall() undoes it.
+a wrapped function outside torch, and uninstall() undoes it. An alias bound before a patch
+replaced the function (megatron-core imported ahead of megatron_npu) holds what the patch wraps
+(``__wrapped__``), or another patch of the same function: it is counted too.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import inspect
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +63,16 @@ def _nbytes(value: Any) -> int:
 
 
 GroupKey = str | tuple[int, ...]
+
+
+def _innermost(function: Any) -> Any:
+    """What a chain of functools.wraps wrappers (patches) finally calls; ``function`` itself if none."""
+    for _ in range(32):  # patches stack a few deep; the bound guards a cycle
+        inner = getattr(function, "__wrapped__", None)
+        if not isinstance(inner, types.FunctionType):
+            break
+        function = inner
+    return function
 
 
 class CommCounter:
@@ -183,7 +196,9 @@ class CommCounter:
             if name in self._originals and getattr(c10d, name, None) is self._originals[name]:
                 setattr(c10d, name, self._wrappers[name])
                 self._aliases.append((c10d, name, self._originals[name]))
-        by_id = {id(f): n for n, f in self._originals.items()}
+        # an alias may hold the function as another patch of it wraps it (torch.distributed and
+        # c10d are patched apart): same innermost function, same collective
+        by_root = {id(_innermost(f)): n for n, f in self._originals.items()}
         for mod_name, module in list(sys.modules.items()):
             if module is None or (mod_name.startswith("torch") and mod_name != "torch.distributed"):
                 continue
@@ -192,8 +207,10 @@ class CommCounter:
             except TypeError:
                 continue
             for attr, value in attrs:
-                name = by_id.get(id(value))
-                if name is not None and value is self._originals[name] and module is not dist:
+                if not isinstance(value, types.FunctionType) or getattr(value, "__megatron_npu_counted__", False):
+                    continue
+                name = by_root.get(id(_innermost(value)))
+                if name is not None and module is not dist:
                     setattr(module, attr, self._wrappers[name])
                     self._aliases.append((module, attr, value))
         self.installed = True

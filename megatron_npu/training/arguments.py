@@ -563,7 +563,6 @@ def _add_misc_args(p: argparse.ArgumentParser) -> None:
         help="YAML file of argument values (keys: dests or flag names without dashes, flat or "
         "in sections); explicit command-line flags win over it.",
     )
-    g.add_argument("--spec", type=str, default=None, nargs="*", help="Accepted for compatibility; must be unset.")
 
 
 def _add_no_effect_args(p: argparse.ArgumentParser) -> None:

@@ -123,8 +123,6 @@ def validate_args(
 
 def _check_unsupported(args: argparse.Namespace) -> None:
     """Flags this trainer refuses in combination (one-line reasons)."""
-    if args.spec:
-        raise ConfigError("--spec is not supported: this trainer builds the GPT layer spec itself; drop the flag")
     if args.calculate_per_token_loss and args.ddp_average_in_collective:
         # megatron-core asserts the same inside DistributedDataParallel
         raise ConfigError(

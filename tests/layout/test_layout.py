@@ -626,7 +626,6 @@ def test_script_dry_run_prints_both_nodes():
             assert flag in cmd, flag
         assert re.search(r"\S*pretrain_gpt\.py ", cmd)
     for var in (
-        "HCCL_CONNECT_TIMEOUT",
         "HCCL_IF_IP",
         "ASCEND_RT_VISIBLE_DEVICES",
         "PYTORCH_NPU_ALLOC_CONF",
@@ -634,8 +633,9 @@ def test_script_dry_run_prints_both_nodes():
     ):
         assert out.count(f"export {var}") == 2, var
     assert "export HCCL_IF_IP=192.168.10.2" in out  # node 1's bootstrap address in a dry run
-    # HCCL's collective timeout follows --distributed-timeout-minutes unless the user exports one
-    assert "HCCL_EXEC_TIMEOUT" not in out or "HCCL_EXEC_TIMEOUT" in os.environ
+    # HCCL's timeouts follow --distributed-timeout-minutes unless the user exports them
+    for var in ("HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT"):
+        assert (f"export {var}" in out) == (var in os.environ), var
 
 
 @pytest.mark.launch

@@ -50,7 +50,7 @@ def test_search_prints_layouts_that_fit_and_pass_the_trainers_validation(capsys,
         assert row["max_memory_bytes"] <= limit
         assert row["tp"] in (1, 2, 4, 8) and row["rank_map"]["groups_crossing_nodes"].count("tp") == 0
         stages = {m["pp_rank"]: m for m in row["memory"]}
-        assert set(stages) == set(range(row["pp"]))
+        assert set(stages) == {0, row["pp"] - 1}
         if row["pp"] > 1:  # the first stage holds the embedding, the last the output layer and logits
             assert stages[0]["saved_by_type"].get("embedding") and stages[row["pp"] - 1]["saved_by_type"].get("output")
         # the printed flags are pretrain_gpt.py's, accepted by its validation for this world size

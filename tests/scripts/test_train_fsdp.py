@@ -10,8 +10,8 @@ SCRIPT = ROOT / "scripts" / "train_fsdp.py"
 
 
 def test_two_sharded_ranks_train_the_one_rank_losses():
-    one = torchrun(SCRIPT, "--epochs", "2", nproc=1, timeout=300).check()
-    two = torchrun(SCRIPT, "--epochs", "2", nproc=2, timeout=300).check()
+    one = torchrun(SCRIPT, "--epochs", "2", nproc=1, timeout=600).check()
+    two = torchrun(SCRIPT, "--epochs", "2", nproc=2, timeout=600).check()
     alone, ranks = one.by_rank()[0], two.by_rank()
     assert set(ranks) == {0, 1} and {r["backend"] for r in ranks.values()} == {"gloo"}
     assert two.stdout.count("epoch ") == 2, "rank 0 prints one line per epoch"

@@ -57,7 +57,7 @@ def test_memory_report_of_a_pretrain_run_and_perf_report(tmp_path, capsys):
         *flags.split(),
         "--use-distributed-optimizer",
         "--train-iters",
-        "2",
+        "3",
         "--memory-report",
         "--timing-log-level",
         "1",

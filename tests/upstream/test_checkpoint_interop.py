@@ -46,7 +46,7 @@ def iterations(job: Job) -> dict[int, tuple[int, float]]:
 
 
 def ours(*flags: str, nproc: int) -> Job:
-    return torchrun(ROOT / "pretrain_gpt.py", *MODEL, *flags, nproc=nproc, env=base_env(), timeout=300).check()
+    return torchrun(ROOT / "pretrain_gpt.py", *MODEL, *flags, nproc=nproc, env=base_env(), timeout=600).check()
 
 
 def assert_resumed(resumed: dict, uninterrupted: dict, *, first_loss_pair_averaged: bool) -> None:
