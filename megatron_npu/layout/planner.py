@@ -28,7 +28,7 @@ vocab-parallel cross-entropy's 3 fp32 all-reduces of [s, b] (called even when TP
 SP norm/bias gradient all-reduce; 1F1B p2p (one activation and one gradient per microbatch
 per boundary); DDP's per-bucket all-reduce or reduce-scatter of the grad buffer (padded as
 the distributed optimizer pads it) and its param all-gather; the tied-embedding gradient
-all-reduce; the 1-float grad-norm all-reduce; the trainer's loss all-reduce over dp on the
+all-reduce; the 1-float grad-norm all-reduce; the trainer's loss all-reduce over dp x cp on the
 last stage (pretrain_gpt.py's 'lm loss' report, [sum, count]: 2 floats); with per-token loss,
 the token count's broadcast over pp and all-reduce over dp (1 int32 each). Full recomputation of
 every layer is an option (unverified). Not modelled: partial recomputation, cross-entropy
@@ -213,7 +213,7 @@ class ParallelSpec:
     bucket_size: int | None = None
     clip_grad: float = 1.0
     recompute_full: bool = False  # --recompute-granularity full: each layer's forward runs again in backward
-    loss_allreduce: bool = True  # megatron_npu.training: 'lm loss' [sum, count] (2 fp32) over dp, last stage
+    loss_allreduce: bool = True  # megatron_npu.training: 'lm loss' [sum, count] (2 fp32) over dp x cp, last stage
     per_token_loss: bool = False  # --calculate-per-token-loss: finalize_model_grads shares the token count
 
 
@@ -580,10 +580,17 @@ def plan(
             add("dp_cp", "all_reduce", "token count (per-token loss)", 1, 4, dpg, dp_inter)
         if moe:
             _plan_moe(model, par, dims, e.rank, moe_here, mbs, expert_chunks, bucket_size, group, add, layout)
-        if par.loss_allreduce and last:
-            dg = group("dp", e.rank)
+        if par.loss_allreduce and last:  # over DP x CP (CP ranks hold parts of the same samples); DP without CP
+            label = "dp_cp" if dims.cp > 1 else "dp"
+            lg = group(label, e.rank)
             add(
-                "dp", "all_reduce", "loss report (trainer: 'lm loss' as [sum, count])", 1, 8, dg, layout.spans_nodes(dg)
+                label,
+                "all_reduce",
+                "loss report (trainer: 'lm loss' as [sum, count])",
+                1,
+                8,
+                lg,
+                layout.spans_nodes(lg),
             )
         out.append(rp)
     return CommPlan(layout, model, par, out, intra_gbps, inter_gbps)

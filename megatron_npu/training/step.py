@@ -35,8 +35,10 @@ def mean_over_microbatches(reports: list[dict]) -> dict[str, torch.Tensor]:
     mean); a scalar is averaged over micro-batches, then over DP ranks."""
     if not reports or not parallel_state.is_pipeline_last_stage(ignore_virtual=True):
         return {}
-    # CP ranks hold parts of the same samples: their [sum, count] add up as DP ranks' do (Megatron-LM)
-    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    # CP ranks hold parts of the same samples: their [sum, count] add up as DP ranks' do (Megatron-LM);
+    # without CP the DP group itself (the same ranks), which perf-report attributes to the loss report
+    with_cp = parallel_state.get_context_parallel_world_size() > 1
+    group = parallel_state.get_data_parallel_group(with_context_parallel=with_cp)
     out = {}
     for key in reports[0]:
         values = [r[key].float().view(-1) for r in reports]
@@ -47,7 +49,7 @@ def mean_over_microbatches(reports: list[dict]) -> dict[str, torch.Tensor]:
         else:
             value = torch.cat(values).mean()
             dist.all_reduce(value, group=group)
-            out[key] = value / parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+            out[key] = value / parallel_state.get_data_parallel_world_size(with_context_parallel=with_cp)
     return out
 
 

@@ -21,9 +21,12 @@ def test_is_te_min_version_is_false_without_transformer_engine():
     assert is_te_min_version("0.1", check_equality=False) is False
 
 
-def test_torch_cuda_answers_for_the_accelerator():
-    """pipeline_parallel/test_schedules.py: 56 tests skipped on 'CUDA not available'."""
-    assert torch.cuda.is_available() is True
+def test_torch_cuda_is_unavailable_on_cpu_outside_the_conformance_harness():
+    """torch's inductor reads torch.cuda.is_available(): True on a CPU build sends torch.compile to a
+    CUDA backend (tests/convert's GPT-2 logits failed so). The suite's harness answers True itself
+    (pipeline_parallel/test_schedules.py skipped 56 tests on 'CUDA not available')."""
+    assert torch.cuda.is_available() is False
+    assert torch.cuda.get_device_capability() == (0, 0)  # read at import by the suite's modules
 
 
 def test_checkpoint_without_output_with_fp8_false_runs_without_transformer_engine(model_parallel):
