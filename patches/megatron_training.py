@@ -320,8 +320,11 @@ def adapt_args(args: argparse.Namespace, argv: list[str], accelerator: Accelerat
         _warn_once("--profile uses nsys (cudaProfilerStart, emit_nvtx), CUDA-only: using --use-pytorch-profiler")
     # The variable orders CUDA kernel launches; off CUDA it has no effect, so validate_args'
     # demand for it (TP > 1 before Blackwell; FSDP: anything but 1) guards nothing here.
+    # Under FSDP an exported 1 (Megatron-LM's example scripts export it) is replaced too: it orders nothing.
     fsdp = getattr(args, "use_megatron_fsdp", False) or getattr(args, "use_torch_fsdp2", False)
-    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "8" if fsdp else "1")
+    if fsdp and os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "1") == "1":
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
 
 
 def _rope_fusion_unavailable(args: argparse.Namespace, accelerator: Accelerator) -> bool:
