@@ -6,12 +6,11 @@ One process on the cpu target (a 1-rank gloo group, no torchrun). Both sides tra
 same megatron-core GPTModel (pretrain_gpt.py's model_provider, weights copied from the
 trainer's model, dropout off) on the same pre-generated micro-batches:
 
-  trainer  megatron_npu.training.loop.train() for one iteration at a time (the real loop:
-           microbatch calculator, Trainer.train_step = megatron-core's forward_backward_func
-           + DDP grad buffers + megatron optimizer with grad clipping + OptimizerParamScheduler,
-           then the loop's per-iteration bookkeeping), with pretrain_gpt.py's forward_step;
-           calling train() once per iteration also times its small per-call setup (timer
-           log, metrics writer), so the trainer's figure errs on the slow side;
+  trainer  the body of Trainer.train's loop, one iteration at a time: Trainer.train_one_step
+           (batch-size schedule, TrainStep = megatron-core's forward_backward_func + DDP grad
+           buffers + megatron optimizer with grad clipping + OptimizerParamScheduler, the step's
+           StepRecord) and TrainingMetrics' write / end_of_iteration, with pretrain_gpt.py's
+           forward_step (evaluation and saving are off in this run, as their steps never fire);
   plain    a hand-written loop: per micro-batch forward, masked mean loss / num_microbatches,
            backward; clip_grad_norm_(1.0); torch.optim.AdamW (same lr, betas, eps, weight
            decay, and megatron's no-decay rule for biases and 1-D params); zero grads.
@@ -151,10 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     import pretrain_gpt
     from megatron_npu.accelerator import get_accelerator
     from megatron_npu.training import global_vars
+    from megatron_npu.training.builders import build_model, build_scheduler, wire_model_config
     from megatron_npu.training.config import optimizer_config
     from megatron_npu.training.initialize import initialize_distributed, set_random_seed
-    from megatron_npu.training.loop import Trainer, build_model, build_scheduler, setup_args, train, wire_model_config
+    from megatron_npu.training.loop import setup_args
+    from megatron_npu.training.metrics import TrainingMetrics
+    from megatron_npu.training.run_state import RunState
     from megatron_npu.training.timing import build_timers
+    from megatron_npu.training.trainer import Trainer
 
     torch.set_num_threads(a.threads)
     accelerator = get_accelerator()
@@ -178,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = get_megatron_optimizer(optimizer_config(args), model)
     scheduler = build_scheduler(optimizer, args)
     wire_model_config(model, optimizer, timers, args)
-    trainer = Trainer(args, model, optimizer, scheduler, pretrain_gpt.forward_step)
+    state = RunState()
+    trainer = Trainer(args, state, model, optimizer, scheduler, pretrain_gpt.forward_step, timers)
+    metrics = TrainingMetrics(args, state, optimizer, timers, trainer.train_iters)
 
     # ---- the plain model: same provider, same weights ---------------------------------
     device = accelerator.device()
@@ -213,23 +218,23 @@ def main(argv: list[str] | None = None) -> int:
     # ---- one iteration of each loop ----------------------------------------------------
     trainer_losses: list[float] = []
     step_times: list[float] = []
-    inner_step = trainer.train_step
+    inner_step = trainer.step
 
-    def recorded_step(iterators):  # what train() calls: record its loss and time, nothing else
+    def recorded_step(iterators):  # what train_one_step calls: record its loss and time, nothing else
         started = time.perf_counter()
         result = inner_step(iterators)
         step_times.append(time.perf_counter() - started)
-        trainer_losses.append(result[0]["lm loss"].item())
+        trainer_losses.append(result.losses["lm loss"].item())
         return result
 
-    trainer.train_step = recorded_step
-    state = {"iteration": 0}
+    trainer.step = recorded_step
 
     def trainer_iteration(k: int) -> float:
-        args.train_iters = state["iteration"] + 1  # train() runs exactly one more iteration
         accelerator.synchronize()
         started = time.perf_counter()
-        state["iteration"] = train(trainer, state["iteration"], [iter(data[k])], None)
+        state.iteration += 1  # Trainer.train's loop body, evaluation and saving being off
+        metrics.write(trainer.train_one_step([iter(data[k])], metrics))
+        metrics.end_of_iteration()
         accelerator.synchronize()
         return time.perf_counter() - started
 
@@ -264,16 +269,16 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- report ------------------------------------------------------------------------
     med = {name: statistics.median(values) for name, values in times.items()}
-    med["trainer train_step"] = statistics.median(step_times[a.warmup :])
+    med["trainer step"] = statistics.median(step_times[a.warmup :])
     ratio = med["trainer"] / med["plain"]
-    step_ratio = med["trainer train_step"] / med["plain"]
+    step_ratio = med["trainer step"] / med["plain"]
     diffs = [abs(x - y) for x, y in zip(trainer_losses, plain_losses, strict=True)]
     rel = max(d / abs(y) for d, y in zip(diffs, plain_losses, strict=True))
     print(f"\n{a.iters} timed iterations each (after {a.warmup} warm-up), interleaved; {run_s:.1f} s in all")
     print(f"{'loop':<22}{'median ms':>10}{'min ms':>9}{'max ms':>9}")
     for name, values in (
         ("trainer", times["trainer"]),
-        ("trainer train_step", step_times[a.warmup :]),
+        ("trainer step", step_times[a.warmup :]),
         ("plain", times["plain"]),
     ):
         print(f"{name:<22}{1e3 * med[name]:>10.1f}{1e3 * min(values):>9.1f}{1e3 * max(values):>9.1f}")
@@ -284,12 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"ratio trainer/plain (loop iteration): {ratio:.3f}   target <= {TARGET}: {'yes' if ratio <= TARGET else 'NO'}"
     )
-    print(f"ratio trainer/plain (train_step only): {step_ratio:.3f}")
+    print(f"ratio trainer/plain (TrainStep only): {step_ratio:.3f}")
     # The fastest iterations are the least disturbed by other load on a shared machine.
     print(f"ratio of the fastest iterations: {min(times['trainer']) / min(times['plain']):.3f}")
     same_math = rel < 1e-3
     if not same_math:
         print("error: the two loops' losses differ: the comparison is not of the same math")
+    metrics.close()
     dist.destroy_process_group()
     return 0 if same_math else 1
 
