@@ -60,6 +60,7 @@ def measure(seq_length: int, comm_type: str) -> dict:
         {"tokens": tokens, "labels": tokens.roll(-1, 1), "position_ids": torch.arange(seq_length).unsqueeze(0)}
     )
     storages: dict[int, int] = {}
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def keep(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
@@ -69,7 +70,30 @@ def measure(seq_length: int, comm_type: str) -> dict:
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
         loss = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"]).sum()
     loss.backward()  # the saved tensors were right: the backward runs
-    return {"cp": cp, "rank": dist.get_rank(), "saved_bytes": sum(storages.values())}
+    weight_bytes = sum(n for ptr, n in storages.items() if ptr in weights)  # the weights a backward reads
+    return {"cp": cp, "rank": dist.get_rank(), "saved_bytes": sum(storages.values()), "weight_bytes": weight_bytes}
+
+
+def predicted(cp: int, seq_length: int) -> int:
+    """megatron_npu/layout/memory.py's saved bytes of one micro-batch for this model and CP size."""
+    from megatron_npu.layout.memory import MemorySettings, predict
+    from megatron_npu.layout.parallel_dims import ParallelDims
+    from megatron_npu.layout.planner import ModelSpec
+
+    model = ModelSpec(
+        SHAPE["layers"],
+        SHAPE["hidden"],
+        SHAPE["heads"],
+        seq_length,
+        SHAPE["batch"],
+        SHAPE["batch"],
+        SHAPE["vocab"],
+        position_embedding_type="rope",
+        params_dtype="fp32",
+        make_vocab_size_divisible_by=1,
+    )
+    settings = MemorySettings(attention_dropout=0.0, hidden_dropout=0.0)
+    return predict(model, ParallelDims(world_size=cp, cp=cp), settings, 0).saved_per_microbatch[0]
 
 
 def free_port() -> int:
@@ -109,7 +133,8 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print("RESULT " + json.dumps(measure(args.seq_length, args.comm_type[0])), flush=True)
+        # one write per line: the ranks share the pipe, and print may split a line between two writes
+        os.write(1, ("RESULT " + json.dumps(measure(args.seq_length, args.comm_type[0])) + "\n").encode())
         return
     print(f"seq {args.seq_length}, {SHAPE}: saved-for-backward bytes per rank (the largest rank)")
     for comm_type in args.comm_type:
@@ -118,9 +143,13 @@ def main() -> None:
             found = launch(cp, args.seq_length, comm_type)
             base = base or found["saved_bytes"]
             ratio = found["saved_bytes"] / base
-            print(
-                f"{comm_type:8s} CP{cp}: {found['saved_bytes'] / 2**20:9.1f} MiB  ({ratio:.3f} of CP1, 1/CP = {1 / cp:.3f})"
-            )
+            activations = found["saved_bytes"] - found["weight_bytes"]
+            line = f"{comm_type:8s} CP{cp}: {found['saved_bytes'] / 2**20:9.1f} MiB  ({ratio:.3f} of CP1, 1/CP = {1 / cp:.3f})"
+            line += f"; without the weights {activations / 2**20:.1f} MiB"
+            if cp > 1:  # the model's CP1 is megatron-core's attention, not the ring of one run here
+                model = predicted(cp, args.seq_length)
+                line += f", the memory model {model / 2**20:.1f} MiB ({model / activations - 1:+.1%})"
+            print(line)
 
 
 if __name__ == "__main__":

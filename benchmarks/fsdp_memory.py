@@ -3,10 +3,20 @@ Megatron-FSDP's four sharding strategies and torch FSDP2, at DP 1, 2 and 4 (cpu 
 
 One torchrun job per DP size (this file as the worker); in each, every scheme wraps the same
 megatron-core GPT, runs one training step (so the optimizer state exists) and counts the bytes
-of the live tensors it holds, each storage once (temporary all-gather / reduce-scatter buckets
-are freed by then and count 0, but Megatron-FSDP's post-step all-gather has already materialised
-the next forward's weights, and they count). The table prints bytes per rank and each figure over
-DP 1's; a scheme megatron-core cannot step here prints its error instead.
+of the live tensors it holds, each storage once.
+
+What is counted is the state *at rest*, the figure FSDP's 1/DP promise is about: the buffers the
+wrapper owns for the whole run (DDP's param and grad buffers; Megatron-FSDP's ``model_weight_buffer``,
+``main_weight_buffer`` and ``main_grad_buffer``, sharded or whole by strategy; FSDP2's DTensor shards)
+and the optimizer's state. Megatron-FSDP's unsharded weights live in its *temporary* buckets
+(``weight_alloc`` / ``transpose_weight_alloc`` / ``main_grad_alloc``): a working set gathered for
+one unit's forward or backward and released after it, like the all-gather buckets of the
+distributed optimizer. Right after the step its post-step all-gather has already refilled them
+with the next forward's weights (with ``optim_grads_params``, the whole model at that moment: the
+0.45 of DP1 measured before counted them as state); they are shown in a column of their own,
+"gathered", and left out of the ratios. Counting after the next forward instead would leave the
+non-unit modules (embedding, output layer) gathered, which Megatron-FSDP keeps whole through an
+iteration, so it would measure the schedule's working set, not the sharded state.
 
     python benchmarks/fsdp_memory.py [--layers 4 --hidden 256]
 """
@@ -35,7 +45,7 @@ class Ledger:
 
     def __init__(self) -> None:
         self.seen: set[int] = set()
-        self.bytes = {"params": 0, "grads": 0, "optimizer": 0}
+        self.bytes = {"gathered": 0, "params": 0, "grads": 0, "optimizer": 0}
 
     def add(self, category: str, tensor) -> None:
         import torch
@@ -64,8 +74,17 @@ def _buffers(model) -> tuple[list, list]:
     return params, grads
 
 
+def _temporary_buckets(model) -> list:
+    """Megatron-FSDP's temporary (unsharded) buckets that hold storage now: the gathered working set."""
+    fsdp = getattr(getattr(model, "module", None), "param_and_grad_buffer", None)
+    allocators = [getattr(fsdp, name, None) for name in ("weight_alloc", "transpose_weight_alloc", "main_grad_alloc")]
+    return [bucket.data for alloc in allocators for bucket in getattr(alloc, "buckets", {}).values()]
+
+
 def measure(model, optimizer) -> dict[str, int]:
     ledger = Ledger()
+    for tensor in _temporary_buckets(model):  # first, so parameters viewing them are not counted as state
+        ledger.add("gathered", tensor)
     buffer_params, buffer_grads = _buffers(model)
     for tensor in buffer_params + [p for p in model.parameters()]:
         ledger.add("params", tensor)
@@ -94,7 +113,12 @@ def _model(layers: int, hidden: int):
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
     torch.manual_seed(1234)
     config = TransformerConfig(
-        num_layers=layers, hidden_size=hidden, num_attention_heads=4, hidden_dropout=0.0, attention_dropout=0.0
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=4,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        transformer_impl="local",  # as this project's spec: FSDP2 wraps layers and embeddings, not each linear
     )
     spec = get_gpt_layer_local_spec()
     model = GPTModel(
@@ -108,23 +132,30 @@ def _model(layers: int, hidden: int):
 
 
 def _wrap(scheme: str, config, model):
+    import torch
     from megatron.core.distributed import (
         DistributedDataParallel,
         DistributedDataParallelConfig,
         TorchFullyShardedDataParallel,
+        TorchFullyShardedDataParallelConfig,
     )
     from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
 
     if scheme in ("ddp", "dist_opt"):
         ddp = DistributedDataParallelConfig(use_distributed_optimizer=scheme == "dist_opt")
         return DistributedDataParallel(config, ddp, model), ddp
-    if scheme == "torch_fsdp2":
-        ddp = DistributedDataParallelConfig()
-        return TorchFullyShardedDataParallel(config, ddp, model), ddp
+    if scheme == "torch_fsdp2":  # as megatron_npu/training/fsdp.py builds it
+        fsdp2 = TorchFullyShardedDataParallelConfig()
+        return TorchFullyShardedDataParallel(config, fsdp2, model), fsdp2
+    # no_shard: megatron-core 0.16.1's synchronous start_param_sync gathers a weight buffer no_shard does
+    # not have (it checks for None one line too late); the overlapped path skips it. No byte at rest changes.
     ddp = DistributedDataParallelConfig(
-        use_distributed_optimizer=True, use_megatron_fsdp=True, data_parallel_sharding_strategy=scheme
+        use_distributed_optimizer=True,
+        use_megatron_fsdp=True,
+        data_parallel_sharding_strategy=scheme,
+        overlap_param_gather=scheme == "no_shard",
     )
-    return FullyShardedDataParallel(config, ddp, model), ddp
+    return FullyShardedDataParallel(config, ddp, model, device=torch.device("cpu")), ddp
 
 
 def _one_step(model, optimizer) -> None:
@@ -195,27 +226,63 @@ def run_dp(dp: int, layers: int, hidden: int) -> dict:
     return json.loads(lines[-1][len("RESULT ") :])
 
 
+STATE = ("params", "grads", "optimizer")
+
+
+def state_total(figures: dict[str, int]) -> int:
+    """Parameter + gradient + optimizer bytes at rest (the gathered working set excluded)."""
+    return sum(figures[k] for k in STATE)
+
+
+def print_model_check(results: dict[int, dict]) -> None:
+    """The memory model's figure (megatron_npu/layout/fsdp_comm.py state_bytes_per_rank, which
+    ``megatron-npu plan`` uses) beside each measured one: the worst relative error per scheme."""
+    from megatron_npu.layout.fsdp_comm import state_bytes_per_rank
+
+    numel = results[DP_SIZES[0]]["numel"]
+    errors = {}
+    for scheme in SCHEMES:
+        measured = {dp: results[dp]["bytes"][scheme] for dp in DP_SIZES}
+        if any("error" in m for m in measured.values()):
+            continue
+        model = {dp: sum(state_bytes_per_rank(numel, dp, scheme).values()) for dp in DP_SIZES}
+        errors[scheme] = max(abs(state_total(measured[dp]) / model[dp] - 1) for dp in DP_SIZES)
+    print(
+        "memory model (fsdp_comm.state_bytes_per_rank) vs measured, worst over DP sizes: "
+        + ", ".join(f"{scheme} {error:.2%}" for scheme, error in errors.items())
+    )
+
+
 def report(results: dict[int, dict]) -> None:
     first = results[DP_SIZES[0]]
-    print(f"model: {first['numel']:,} parameters, fp32, Adam; bytes per rank (params + grads + optimizer state)")
+    print(
+        f"model: {first['numel']:,} parameters, fp32, Adam; bytes per rank (params + grads + optimizer state, at rest)"
+    )
     print(
         f"{'scheme':<20}"
         + "".join(f"{'DP' + str(dp):>14}" for dp in DP_SIZES)
         + "".join(f"{'DP' + str(dp) + '/DP1':>10}" for dp in DP_SIZES[1:])
+        + f"{'gathered DP' + str(DP_SIZES[-1]):>16}"
     )
     for scheme in SCHEMES:
         failed = [results[dp]["bytes"][scheme]["error"] for dp in DP_SIZES if "error" in results[dp]["bytes"][scheme]]
         if failed:
             print(f"{scheme:<20}failed: {failed[0]}")
             continue
-        totals = [sum(results[dp]["bytes"][scheme].values()) for dp in DP_SIZES]
+        totals = [state_total(results[dp]["bytes"][scheme]) for dp in DP_SIZES]
         ratios = "".join(f"{total / totals[0]:>10.3f}" for total in totals[1:])
-        print(f"{scheme:<20}" + "".join(f"{total:>14,}" for total in totals) + ratios)
+        gathered = results[DP_SIZES[-1]]["bytes"][scheme]["gathered"]
+        print(f"{scheme:<20}" + "".join(f"{total:>14,}" for total in totals) + ratios + f"{gathered:>16,}")
     for scheme in [s for s in SCHEMES if all("error" not in results[dp]["bytes"][s] for dp in DP_SIZES)]:
         parts = " | ".join(
             f"DP{dp} " + " ".join(f"{k} {v:,}" for k, v in results[dp]["bytes"][scheme].items()) for dp in DP_SIZES
         )
         print(f"  {scheme}: {parts}")
+    print_model_check(results)
+    target = results[4]["bytes"]["optim_grads_params"]
+    if "error" not in target:
+        quarter = state_total(results[1]["bytes"]["optim_grads_params"]) / 4
+        print(f"optim_grads_params DP4 / (DP1 / 4) = {state_total(target) / quarter:.4f} (target: within 5% of 1)")
 
 
 def main() -> None:

@@ -12,7 +12,9 @@ The traffic of megatron_npu/ops/context_parallel.py for one layer and one micro-
 
 megatron-core orders ranks tp-cp-ep-dp-pp: a CP group is CP ranks TP apart, so TP x CP contiguous
 ranks hold one TP x CP block. It stays on one node's links when TP x CP divides the ranks per node.
-For the planner: ``cp_traffic(...)`` per layer and ``placement_note(...)`` for the layout.
+For the planner: ``cp_calls(...)`` (each torch.distributed call of one layer: the payload
+megatron_npu/perf/comm.py counts, sends and receives alike), ``cp_traffic(...)`` (what a rank sends,
+summed from the same calls) and ``placement_note(...)`` for the layout.
 """
 
 from __future__ import annotations
@@ -58,7 +60,31 @@ def split_sizes(comm_type: str, cp: int, hierarchical_sizes: list[int] | None = 
     raise ValueError(f"unknown CP comm type {comm_type!r}")
 
 
-def cp_traffic(
+@dataclass(frozen=True)
+class CpCall:
+    """``calls`` torch.distributed calls of ``payload`` bytes each, for one layer and one micro-batch.
+    ``kind``: ``ring`` (the ring group: the CP group, or the ring level of a2a+p2p) or ``a2a``
+    (the CP group, or the a2a level); ``group_size``: that group's ranks."""
+
+    kind: str
+    op: str  # send | recv | all_to_all
+    phase: str  # forward | backward
+    what: str
+    calls: int
+    payload: int
+    group_size: int
+
+    @property
+    def sent(self) -> int:
+        """Bytes this rank sends: a send's tensor, the (A - 1) / A of an all-to-all's input that leaves."""
+        if self.op == "send":
+            return self.calls * self.payload
+        if self.op == "all_to_all":
+            return self.calls * (self.payload * (self.group_size - 1) // self.group_size)
+        return 0
+
+
+def cp_calls(
     *,
     seq_length: int,
     micro_batch_size: int,
@@ -70,21 +96,41 @@ def cp_traffic(
     comm_type: str = "p2p",
     hierarchical_sizes: list[int] | None = None,
     dtype_bytes: int = 2,
-) -> CpTraffic:
-    """The bytes one rank sends for one layer's core attention, forward and backward."""
+) -> list[CpCall]:
+    """The calls one rank makes for one layer's core attention (ops/context_parallel.py, ops/cp_ring.py)."""
     if cp == 1:
-        return CpTraffic()
+        return []
     a2a, ring = split_sizes(comm_type, cp, hierarchical_sizes)
     tokens = seq_length // cp * micro_batch_size  # this rank's share before any all-to-all
     heads, groups = num_attention_heads // tp, max(num_query_groups // tp, 1)
-    q_elements, kv_elements = tokens * heads * head_dim, tokens * groups * head_dim
+    q_bytes, kv_bytes = tokens * heads * head_dim * dtype_bytes, tokens * groups * head_dim * dtype_bytes
     # after the all-to-all a rank holds A x the tokens and 1/A of the heads: the same element count
-    block = 2 * kv_elements
-    ring_forward = (ring - 1) * block * dtype_bytes
-    ring_backward = ring_forward + ring * block * ACCUMULATOR_BYTES if ring > 1 else 0
-    moved = (a2a - 1) / a2a
-    a2a_once = round((2 * q_elements + 2 * kv_elements) * moved) * dtype_bytes  # q, k, v out; attention back
-    return CpTraffic(ring_forward, ring_backward, a2a_once, a2a_once)
+    block, accumulator = 2 * kv_bytes, 2 * kv_bytes // dtype_bytes * ACCUMULATOR_BYTES
+    out: list[CpCall] = []
+    if ring > 1:  # every shift is one send and one receive of the same tensor
+        for op in ("send", "recv"):
+            out.append(CpCall("ring", op, "forward", "K/V block", ring - 1, block, ring))
+            out.append(CpCall("ring", op, "backward", "K/V block", ring - 1, block, ring))
+            out.append(CpCall("ring", op, "backward", "dK/dV accumulator (fp32)", ring, accumulator, ring))
+    if a2a > 1:  # q, k, v to the head split and the output back; their gradients the other way
+        for phase in ("forward", "backward"):
+            out.append(CpCall("a2a", "all_to_all", phase, "q and the output", 2, q_bytes, a2a))
+            out.append(CpCall("a2a", "all_to_all", phase, "k, v", 2, kv_bytes, a2a))
+    return out
+
+
+def cp_traffic(**shape: object) -> CpTraffic:
+    """The bytes one rank sends for one layer's core attention, forward and backward (``cp_calls``'s
+    arguments)."""
+    sent: dict[tuple[str, str], int] = {}
+    for call in cp_calls(**shape):  # type: ignore[arg-type]
+        sent[call.kind, call.phase] = sent.get((call.kind, call.phase), 0) + call.sent
+    return CpTraffic(
+        *(
+            sent.get(key, 0)
+            for key in [("ring", "forward"), ("ring", "backward"), ("a2a", "forward"), ("a2a", "backward")]
+        )
+    )
 
 
 def placement_note(tp: int, cp: int, nproc_per_node: int | None) -> str | None:

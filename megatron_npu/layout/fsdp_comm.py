@@ -12,15 +12,19 @@ data-parallel (x context-parallel) group of ``dp`` ranks:
 * Megatron-FSDP ``no_shard``: one gradient all-reduce (the last micro-batch's backward).
 * ``optim``: one gradient reduce-scatter (last micro-batch), one parameter all-gather after the step.
 * ``optim_grads``: a gradient reduce-scatter every micro-batch, one parameter all-gather after the step.
-* ``optim_grads_params``: every micro-batch a parameter all-gather before the unit's forward and again
-  before its backward (the unit is resharded after forward), a gradient reduce-scatter; plus the
-  all-gather after the step. Units that are not FSDP units (embedding, output layer) are gathered once
-  after the step and stay whole through the iteration.
+* ``optim_grads_params``: every micro-batch a parameter all-gather for the unit's forward and another for
+  its backward (the unit is resharded after forward), a gradient reduce-scatter; plus the all-gather
+  after the step, whose weights the first micro-batch's forward uses (no gather of its own). Units that
+  are not FSDP units (embedding, output layer) are gathered once after the step and stay whole through
+  the iteration. Counted with CommCounter on megatron-core 0.16.1 (cpu, gloo, DP2, 2 micro-batches, 2
+  and 4 layers): calls equal, bytes 0.2-0.4% above this model (Megatron-FSDP pads a layer's bucket
+  beyond a multiple of the group size; the padding is not modelled).
 * torch FSDP2 (``fully_shard``): every micro-batch an all-gather before forward, another before backward
   when resharded after forward (never for the root module), and a reduce-scatter.
 
-Not yet checked against a measured run (``megatron_npu.perf.comm.CommCounter``); the planner should
-treat these as the model until a test compares them.
+The other strategies and FSDP2 are not checked against a run (``CommCounter`` counts none of FSDP2's
+all-gathers or reduce-scatters: torch calls them from inside torch, whose aliases it leaves alone). The per-rank state (``state_bytes_per_rank``)
+is checked against benchmarks/fsdp_memory.py's measured figures.
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ def megatron_fsdp_unit(
     ]
     if strategy == "optim_grads_params" and fsdp_unit:
         items += [
-            _gather(unit, "forward", microbatches, numel, dp, param_bytes),
+            _gather(unit, "forward", microbatches - 1, numel, dp, param_bytes),  # the first: the step's gather
             _gather(unit, "backward", microbatches, numel, dp, param_bytes),
         ]
     return items
@@ -116,11 +120,20 @@ def torch_fsdp2_unit(
 
 
 def state_bytes_per_rank(
-    numel: int, dp: int, strategy: str, param_bytes: int = 4, grad_bytes: int = 4, main_param_bytes: int = 4
+    numel: int,
+    dp: int,
+    strategy: str,
+    param_bytes: int = 4,
+    grad_bytes: int = 4,
+    main_param_bytes: int = 4,
+    moment_bytes: int = ADAM_STATE_BYTES,
 ) -> dict[str, int]:
-    """Per-rank parameter, gradient and Adam-state bytes of ``numel`` parameters under a scheme:
+    """Per-rank parameter, gradient and optimizer-state bytes of ``numel`` parameters under a scheme:
     ``ddp``, ``dist_opt``, a Megatron-FSDP strategy or ``torch_fsdp2`` (shards like
-    ``optim_grads_params``). fp32 main parameters are counted only where the model's are not fp32."""
+    ``optim_grads_params``). The fp32 main parameters count as optimizer state, sharded with it:
+    Megatron-FSDP keeps them in its ``main_weight_buffer`` whatever the model's dtype (measured:
+    benchmarks/fsdp_memory.py, fp32), the others only where the model's parameters are not fp32.
+    ``moment_bytes``: Adam's two fp32 moments (SGD's momentum: 4)."""
     full, shard = padded(numel, dp), padded(numel, dp) // dp
     sharded = {
         "ddp": (False, False, False),
@@ -134,11 +147,12 @@ def state_bytes_per_rank(
     if strategy not in sharded:
         raise ValueError(f"unknown scheme {strategy!r}; one of {', '.join(sharded)}")
     params_sharded, grads_sharded, optim_sharded = sharded[strategy]
-    main = main_param_bytes if param_bytes != main_param_bytes else 0
+    keeps_main = strategy in MEGATRON_FSDP_STRATEGIES or param_bytes != main_param_bytes
+    main = main_param_bytes if keeps_main else 0
     return {
         "params": (shard if params_sharded else full) * param_bytes,
         "grads": (shard if grads_sharded else full) * grad_bytes,
-        "optimizer": (shard if optim_sharded else full) * (ADAM_STATE_BYTES + main),
+        "optimizer": (shard if optim_sharded else full) * (moment_bytes + main),
     }
 
 

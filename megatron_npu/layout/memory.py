@@ -36,10 +36,14 @@ What is counted, and how it was checked (tests/layout/test_memory_model.py, cpu 
   one more [s, b, h] activation than modelled (the last stage of TP2 x PP2 with SP and of full block
   recompute, up to 4.9% low); the dropless MoE bound is 56-70% above a random routing's bytes.
 
+Context parallelism (sequence terms / CP; core attention as the CP attention saves it: q, k, v, output,
+fp32 row statistics, and no QKV output): within 0.05% of benchmarks/cp_memory.py's saved bytes less the
+weights at CP2 and CP4, p2p and a2a. FSDP (parameters, gradients and optimizer state per rank by
+sharding strategy, fsdp_comm.state_bytes_per_rank, at rest: without Megatron-FSDP's gathered working
+set): within 0.1% of benchmarks/fsdp_memory.py's measured bytes for every strategy at DP 1, 2, 4.
+
 Modelled, not measured: dropout masks (hidden / attention dropout > 0: the tests run without
-dropout), CP (sequence terms / CP, attention as flash), megatron-core FSDP (params, grads and
-optimizer state sharded over DP by strategy, one layer's gathered params on top), the allocator's
-fragmentation and workspace, the communication buffers, torch_npu's own reserve (the planner's
+dropout), FSDP's gathered units on top of the state, the allocator's fragmentation and workspace, the communication buffers, torch_npu's own reserve (the planner's
 headroom covers them). Bytes are exact counts of what megatron-core allocates; the device's
 caching allocator rounds each block up (512 B on NPU / CUDA) and holds freed blocks.
 """
@@ -54,8 +58,10 @@ from pathlib import Path
 from typing import Any
 
 from megatron_npu.layout.buckets import Bucket, bucket_layout
+from megatron_npu.layout.fsdp_comm import state_bytes_per_rank
 from megatron_npu.layout.model_shape import ModelShape
 from megatron_npu.layout.parallel_dims import ParallelDims, arg_value
+from megatron_npu.layout.plan_cp_fsdp import fsdp_scheme
 from megatron_npu.layout.planner import DTYPE_BYTES, ModelSpec, _is_expert, _stage_params
 
 # ---- settings --------------------------------------------------------------------------------
@@ -80,7 +86,7 @@ class MemorySettings:
     attention_softmax_in_fp32: bool = False
     fused_rms_norm: bool = False  # the device's fused RMSNorm (input + fp32 rstd) instead of the torch twin
     optimizer: str = "adam"
-    fsdp_strategy: str | None = None  # megatron-core FSDP: optim | optim_grads | optim_grads_params
+    fsdp_strategy: str | None = None  # a Megatron-FSDP sharding strategy or torch_fsdp2 (plan_cp_fsdp.fsdp_scheme)
     microbatch_group_size_per_vp_stage: int | None = None  # None: PP (megatron-core's default)
 
 
@@ -133,7 +139,9 @@ def _state_bytes(
     pb, gb = DTYPE_BYTES[model.params_dtype], model.grad_bytes()
     master = 4 if model.params_dtype != "fp32" else 0  # an fp32 model's master copy is the parameter
     moments = 8 if st.optimizer == "adam" else 4  # Adam: exp_avg, exp_avg_sq; SGD: momentum
-    dist_opt = st.use_distributed_optimizer or st.fsdp_strategy is not None
+    if st.fsdp_strategy is not None:
+        return _fsdp_state_bytes(model, st, buffers)
+    dist_opt = st.use_distributed_optimizer
     param_bytes = grad_bytes = opt_bytes = 0
     bucket_size = st.bucket_size
     for params, dp, dp_rank, bucketed, shared in buffers:
@@ -144,12 +152,32 @@ def _state_bytes(
         numel = buckets[-1].end
         count = sum(n for _, n in params)
         shard = _shard_elements(buckets, dp, dp_rank) if dist_opt else count
-        grads_sharded = st.fsdp_strategy in ("optim_grads", "optim_grads_params")
-        params_sharded = st.fsdp_strategy == "optim_grads_params"
-        param_bytes += (numel // dp if params_sharded else numel if dist_opt else count) * pb
-        grad_bytes += (numel // dp if grads_sharded else numel) * gb
+        param_bytes += (numel if dist_opt else count) * pb
+        grad_bytes += numel * gb
         opt_bytes += shard * (master + moments)
     return param_bytes, grad_bytes, opt_bytes
+
+
+def _fsdp_state_bytes(
+    model: ModelSpec, st: MemorySettings, buffers: list[tuple[list[tuple[str, int]], int, int, bool, set]]
+) -> tuple[int, int, int]:
+    """(params, grads, optimizer) bytes under FSDP: fsdp_comm.state_bytes_per_rank of each buffer's
+    parameters over its data-parallel (x CP) group; the fp32 main weights count as optimizer state."""
+    totals = [0, 0, 0]
+    moments = 8 if st.optimizer == "adam" else 4
+    for params, dp, _, _, _ in buffers:
+        if params:
+            state = state_bytes_per_rank(
+                sum(n for _, n in params),
+                dp,
+                st.fsdp_strategy or "",
+                DTYPE_BYTES[model.params_dtype],
+                model.grad_bytes(),
+                moment_bytes=moments,
+            )
+            for i, key in enumerate(("params", "grads", "optimizer")):
+                totals[i] += state[key]
+    return totals[0], totals[1], totals[2]
 
 
 def _rank_buffers(
@@ -218,7 +246,14 @@ def _attention(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: in
     # RoPE writes new Q and K (the V view keeps the fused QKV output alive)
     out["qkv_out"] = qkv_out + (tokens * (q + kv) * act + 2 * s * shape.kv_channels * act if rope else 0)
     selective = st.recompute_granularity == "selective" and "core_attn" in st.recompute_modules
-    if st.fused_attention:
+    if dims.cp > 1 and not selective:
+        # the CP attention (ops/context_parallel.py) saves its own contiguous q, k, v (after an all-to-all
+        # the head-split copies, as many elements), its output and the fp32 row max and sum; no [s, s]
+        # scores. Nothing then keeps the QKV output or RoPE's new Q and K, only RoPE's cos and sin for q
+        # and for k. Measured: benchmarks/cp_memory.py.
+        out["qkv_out"] = 4 * s * shape.kv_channels * act if rope else 0
+        out["core_attn"] = tokens * (2 * q + 2 * kv) * act + 2 * b * heads * s * 4
+    elif st.fused_attention:
         out["core_attn"] = tokens * q * act + b * heads * s * 4  # output and fp32 log-sum-exp
     elif selective:
         out["core_attn"] = 0  # recomputed from Q, K, V in backward
@@ -485,6 +520,7 @@ def settings_from_args(args: Any) -> MemorySettings:
         hidden_dropout=float(arg_value(args, "hidden_dropout", 0.1)),
         fp16_lm_cross_entropy=bool(arg_value(args, "fp16_lm_cross_entropy", False)),
         optimizer=arg_value(args, "optimizer", "adam"),
+        fsdp_strategy=fsdp_scheme(args),
         microbatch_group_size_per_vp_stage=arg_value(args, "microbatch_group_size_per_vp_stage"),
     )
 

@@ -23,6 +23,7 @@ from megatron_npu.layout.memory import (
 from megatron_npu.layout.memory import (
     model_spec_from_args as memory_model_spec,
 )
+from megatron_npu.layout.plan_cp_fsdp import cp_fsdp_fields
 from megatron_npu.layout.planner import HCCS_GBPS, ROCE_GBPS, ModelSpec, ParallelSpec, plan
 from megatron_npu.layout.rankmap import LayoutError, RankMap, build_rank_map
 
@@ -130,6 +131,7 @@ def specs_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ParallelSpec]:
         clip_grad=args.clip_grad,
         recompute_full=args.recompute_granularity == "full",
         per_token_loss=bool(args.calculate_per_token_loss),
+        **cp_fsdp_fields(args),
     )
     return model, par
 

@@ -32,7 +32,9 @@ all-reduce; the 1-float grad-norm all-reduce; the trainer's loss all-reduce over
 last stage (pretrain_gpt.py's 'lm loss' report, [sum, count]: 2 floats); with per-token loss,
 the token count's broadcast over pp and all-reduce over dp (1 int32 each). Full recomputation of
 every layer is an option (unverified). Not modelled: partial recomputation, cross-entropy
-loss fusion, CP attention traffic, logging/eval/checkpoint collectives, one-time set-up collectives.
+loss fusion, logging/eval/checkpoint collectives, one-time set-up collectives. CP attention (ring K/V
+per layer forward and backward, all-to-alls, both levels of a2a+p2p) and FSDP's per-unit collectives
+instead of DDP's buckets: plan_cp_fsdp.py.
 
 MoE (``--num-experts``; megatron-core 0.16.1's SequentialMLP experts): an MoE layer's router and
 shared experts in the dense buffer (dp_cp); under EP > 1 the experts in a DDP buffer of their own,
@@ -49,7 +51,8 @@ Not modelled: the expert-TP gathers of the dispatcher (expert TP > 1), the MoE l
 Checked call for call against CommCounter on real megatron-core steps (gloo, cpu): world 1
 with and without the distributed optimizer, TP2, TP2 + SP + distributed optimizer, PP2
 (tied), PP2 untied + distributed optimizer, DP2 + distributed optimizer
-(tests/fixtures/layout/comm_check_worker.py). VPP and CP figures are unchecked.
+(tests/fixtures/layout/comm_check_worker.py). VPP figures are unchecked; the CP
+ring's rows equal the counted bytes of a TP2 x CP2 run (tests/perf/test_perf_report.py).
 """
 
 from __future__ import annotations
@@ -63,14 +66,16 @@ from megatron_npu.layout.buckets import bucket_layout
 from megatron_npu.layout.model_shape import ModelShape, pad_vocab_size
 from megatron_npu.layout.moe import moe_layer_pattern
 from megatron_npu.layout.parallel_dims import ParallelDims
-from megatron_npu.layout.rankmap import RankMap
+from megatron_npu.layout.plan_cp_fsdp import plan_cp, plan_fsdp
+from megatron_npu.layout.rankmap import RankMap, cp_placement
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # Assumed link bandwidths: facts of the target (megatron_npu/accelerator/facts.py); measure
 # and override with --intra-gbps / --inter-gbps.
 HCCS_GBPS = PLANNING_FACTS.intra_node_gbps  # GB/s per device inside a node
 ROCE_GBPS = PLANNING_FACTS.inter_node_gbps  # GB/s per device between nodes
-LABELS = ("tp", "pp", "dp_cp", "dp", "embd", "mp", "dist_opt", "ep", "edp", "tp_ep", "expert_mp", "tp_cp")
+LABELS = ("tp", "cp", "cp_a2a", "cp_ring", "pp", "dp_cp", "dp", "embd", "mp", "dist_opt", "ep", "edp", "tp_ep")
+LABELS += ("expert_mp", "tp_cp")
 
 
 def expert_all_to_all_bytes(
@@ -215,6 +220,9 @@ class ParallelSpec:
     recompute_full: bool = False  # --recompute-granularity full: each layer's forward runs again in backward
     loss_allreduce: bool = True  # megatron_npu.training: 'lm loss' [sum, count] (2 fp32) over dp x cp, last stage
     per_token_loss: bool = False  # --calculate-per-token-loss: finalize_model_grads shares the token count
+    cp_comm_type: str | list[str] = "p2p"  # --cp-comm-type: one, or one per layer (plan_cp_fsdp.py)
+    hierarchical_cp_sizes: list[int] | None = None  # --hierarchical-context-parallel-sizes A P (a2a+p2p)
+    fsdp: str | None = None  # a Megatron-FSDP sharding strategy or torch_fsdp2: FSDP's collectives, not DDP's
 
 
 @dataclass
@@ -306,6 +314,7 @@ class CommPlan:
             "payload = bytes handed to torch.distributed on the rank (receives included); "
             "wire = ring-algorithm bytes sent (MB = 1e6 bytes)",
         ]
+        out += [cp_placement(lay)] if lay.cp > 1 else []
         for rp in self.distinct():
             same = [r.rank for r in self.ranks if r.by_label() == rp.by_label()]
             out.append(f"rank {rp.rank} (node {rp.node}, pp stage {rp.pp_rank}; same traffic: {len(same)} ranks)")
@@ -517,6 +526,9 @@ def plan(
                     add("tp", "reduce_scatter", "output layer dgrad", mbs, act, tpg, tp_inter)
                 else:
                     add("tp", "all_reduce", "output layer dgrad", mbs, act, tpg, tp_inter)
+        if cp > 1:
+            own = [(c * pp + e.pp_rank) * chunk_layers + i for c in range(vpp) for i in range(chunk_layers)]
+            plan_cp(model, par, layout, e.rank, own, mbs, add, pb)
         if last:  # vocab-parallel cross-entropy: max, predicted logit, sum exp (unconditional)
             add("tp", "all_reduce", "cross-entropy (fp32 [s,b])", 3 * mbs, scalar, tpg, tp_inter)
         # parameters, per model chunk (each chunk has its own DDP buffers)
@@ -547,7 +559,9 @@ def plan(
             add("pp", "recv", "activation grads", fwd_send, p2p, [nxt, e.rank], layout.node_of(nxt) != e.node)
         # data parallel: DDP grad buffers
         shared = {"embedding.word_embeddings.weight", "output_layer.weight"} if model.tied and pp > 1 else set()
-        for c, ch in enumerate(chunks):
+        if par.fsdp:
+            plan_fsdp(par.fsdp, chunks, dp * cp, mbs, pb, gb, dpg, dp_inter, add)
+        for c, ch in enumerate([] if par.fsdp else chunks):
             bsize = bucket_size if (par.overlap_grad_reduce and e.pp_rank == 0 and c == 0) else None
             bks = _buckets(ch, dp * cp, par.use_distributed_optimizer, bsize, shared)
             for b in bks:

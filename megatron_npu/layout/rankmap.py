@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from megatron_npu.layout.cp_comm import placement_note
 from megatron_npu.layout.parallel_dims import LayoutError, ParallelDims
 
 __all__ = ["LayoutError", "ParallelDims", "RankEntry", "RankMap", "build_rank_map", "rank_map_from_run"]
@@ -258,6 +259,13 @@ def crossings(rmap: RankMap) -> dict[str, list]:
     }
 
 
+def cp_placement(rmap: RankMap) -> str:
+    """One line: whether each TP x CP block of contiguous ranks (megatron-core's order puts CP next to
+    TP) stays inside a node, and what would fit when it does not (cp_comm.placement_note)."""
+    note = placement_note(rmap.tp, rmap.cp, rmap.nproc_per_node)
+    return note or f"TP {rmap.tp} x CP {rmap.cp} blocks: each inside one node (CP traffic on intra-node links)"
+
+
 def format_table(rmap: RankMap) -> str:
     out = [
         f"world {rmap.world_size} = {rmap.nnodes} nodes x {rmap.nproc_per_node}; TP={rmap.tp} PP={rmap.pp} CP={rmap.cp} EP={rmap.ep} DP={rmap.dp}"
@@ -286,6 +294,7 @@ def format_table(rmap: RankMap) -> str:
     )
     if rmap.cp > 1:
         out.append(f"CP groups crossing nodes: {len(cross['cp_groups'])} of {len(rmap.groups['cp'])}")
+        out.append(cp_placement(rmap))
     if rmap.ep > 1:  # the token all-to-all runs in every MoE layer, forward and backward
         out.append(
             f"EP groups crossing nodes: {len(cross['ep_groups'])} of {len(rmap.groups['ep'])}"

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..layout.cp_comm import placement_note
 from ..layout.parallel_dims import TRAINER_FLAGS, LayoutError, ParallelDims
 from ..policy import ConfigError, ignored_reason, refusal_for
 from ..training import arguments
@@ -167,6 +168,9 @@ def check_layout(
     report.layout["vpp"] = dims.vpp
     report.layout["dp"] = dims.dp
     report.checks["layout"] = "ok"
+    cp_note = placement_note(dims.tp, dims.cp, n_proc)  # CP sits next to TP in megatron-core's rank order
+    if cp_note:
+        report.result.notes.append(Finding(line, "context parallel layout", cp_note, "layout"))
 
 
 def _launch_size(nnodes: Any, nproc: Any, npus_per_node: int, report: Report, line: int | None) -> tuple[int, int]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from megatron_npu.layout.cp_comm import placement_note
 from megatron_npu.layout.parallel_dims import LayoutError
 from megatron_npu.perf.load import DIMENSIONS, RankSummary, ReportError, Run, mean
 
@@ -46,6 +47,9 @@ PLAN_DIMENSIONS = {
     "tp_ep": "expert token counts (ETP x EP)",
     "expert_mp": "expert grad norm",
     "tp_cp": "MoE aux loss (TP x CP)",
+    "cp": "CP attention",
+    "cp_a2a": "CP a2a (a2a+p2p)",
+    "cp_ring": "CP ring (a2a+p2p)",
 }
 HIGH_FREQUENCY = ("tp", "dp_cp")
 # groups only a MoE run builds and uses (the rank map derives them for every layout)
@@ -93,6 +97,7 @@ def run_shape(run: Run, ranks: list[RankSummary]) -> RunShape:
 def _planner(run: Run, intra: float, inter: float) -> tuple[Any, str | None]:
     """The CommPlan of this run on its rank map (the nodes layout.json recorded), or (None, why not)."""
     from megatron_npu.layout.model_shape import ModelShape
+    from megatron_npu.layout.plan_cp_fsdp import cp_fsdp_fields
     from megatron_npu.layout.planner import ModelSpec, ParallelSpec, plan
 
     a = run.args
@@ -124,6 +129,7 @@ def _planner(run: Run, intra: float, inter: float) -> tuple[Any, str | None]:
             clip_grad=float(a.get("clip_grad") or 0.0),
             recompute_full=a.get("recompute_granularity") == "full",
             per_token_loss=bool(a.get("calculate_per_token_loss")),
+            **cp_fsdp_fields(a),
         )
         return plan(model, run.rank_map, par, intra, inter), None
     except (KeyError, TypeError, ValueError, LayoutError) as exc:
@@ -315,8 +321,10 @@ def traffic_check(
         d["crosses_nodes"] = bool(crossing.get(label)) if label != "dist_opt" else nnodes > 1  # dist_opt: every rank
     tp_cross = [g for g in crossing.get("tp", []) if len(g) > 1]
     dp_cross = [g for g in crossing.get("dp_cp", []) if len(g) > 1]
-    flagged = bool(tp_cross or dp_cross)
-    advice = []
+    rmap = run.rank_map
+    cp_note = placement_note(rmap.tp, rmap.cp, rmap.nproc_per_node) if crossing.get("cp") else None
+    flagged = bool(tp_cross or dp_cross or cp_note)
+    advice = [cp_note] if cp_note else []  # the CP ring / all-to-all runs every layer, forward and backward
     if tp_cross:
         advice.append(
             f"TP group {tp_cross[0]} spans nodes: TP communicates every layer; make TP divide the ranks "
@@ -339,7 +347,7 @@ def traffic_check(
         crossing_groups={k: v for k, v in crossing.items() if v},
         tp_crossing=tp_cross,
         grad_sync_crossing=dp_cross,
-        threshold="no TP or DP gradient-sync group spans nodes",
+        threshold="no TP, CP or DP gradient-sync group spans nodes",
         verdict=_verdict(flagged),
         plan_error=plan_error,
         assumed_gbps={"intra": intra, "inter": inter},
@@ -448,15 +456,16 @@ def data_loader_check(run: Run, ranks: list[RankSummary], m: int) -> DataLoaderC
 def grad_reduction_check(run: Run, ranks: list[RankSummary], shape: RunShape, dp_cross: bool) -> GradReductionCheck:
     """Point 5: DP gradient reduction plus the param all-gather, as a share of the iteration."""
     a, dp, m = run.args, shape.dp, shape.microbatches
+    replicas = dp * shape.cp  # gradients are reduced over DP x CP (CP ranks hold parts of the same samples)
     iteration = {r.rank: r.iteration_s for r in ranks}
     grad = {r.rank: r.parts["grad_sync"] + r.parts["param_gather"] for r in ranks}
     share = {k: v / iteration[k] if iteration[k] else 0.0 for k, v in grad.items()}
     worst = max(share, key=share.get)
     flagged = share[worst] > GRAD_SYNC_LIMIT
     advice = []
-    if dp == 1:
-        advice.append("DP=1: no replicas to reduce over; the figure is the local finalize cost.")
-    if flagged or dp > 1:
+    if replicas == 1:
+        advice.append("DP x CP = 1: no replicas to reduce over; the figure is the local finalize cost.")
+    if flagged or replicas > 1:
         if not a.get("overlap_grad_reduce"):
             advice.append("--overlap-grad-reduce: reduce buckets during backward instead of after it.")
         else:

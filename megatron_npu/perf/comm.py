@@ -251,8 +251,13 @@ def megatron_groups() -> dict[str, Any]:
     """megatron-core's process groups under the labels the planner and the report use."""
     from megatron.core import parallel_state as ps
 
+    # the CP attention's ring / all-to-all (ops/context_parallel.py), and the two levels of a2a+p2p
+    hierarchical = ps.get_hierarchical_context_parallel_groups(check_initialized=False) or [None, None]
     return {
         "tp": ps.get_tensor_model_parallel_group(),
+        "cp": ps.get_context_parallel_group(check_initialized=False),
+        "cp_a2a": hierarchical[0],
+        "cp_ring": hierarchical[1],
         "pp": ps.get_pipeline_model_parallel_group(),
         "dp_cp": ps.get_data_parallel_group(with_context_parallel=True),
         "dp": ps.get_data_parallel_group(),

@@ -9,14 +9,15 @@ def test_optim_grads_params_gathers_twice_and_scatters_once_per_microbatch():
     items = megatron_fsdp_unit("layer0", numel=1001, dp=4, microbatches=3, strategy="optim_grads_params")
     by = {(i.op, i.phase): i for i in items}
     assert padded(1001, 4) == 1004
-    assert by[("all_gather", "forward")].count == by[("all_gather", "backward")].count == 3
+    # the first micro-batch's forward uses the post-step gather's weights (counted on megatron-core 0.16.1)
+    assert by[("all_gather", "forward")].count == 2 and by[("all_gather", "backward")].count == 3
     assert (
         by[("all_gather", "forward")].payload_bytes == 251 * 4
         and by[("all_gather", "forward")].wire_bytes == 3 * 251 * 4
     )
     assert by[("reduce_scatter", "backward")].payload_bytes == 1004 * 4
     assert by[("reduce_scatter", "backward")].wire_bytes == 3 * 1004 * 4 // 4
-    assert totals(items)["calls"] == 3 + 3 + 3 + 1  # fwd + bwd gathers, scatters, the post-step gather
+    assert totals(items)["calls"] == 2 + 3 + 3 + 1  # fwd + bwd gathers, scatters, the post-step gather
 
 
 def test_strategies_differ_where_megatron_fsdp_does():
@@ -24,7 +25,7 @@ def test_strategies_differ_where_megatron_fsdp_does():
         return totals(megatron_fsdp_unit("u", 1000, 2, 4, strategy, **kw))["calls"]
 
     assert calls("no_shard") == 1 and calls("optim") == 2 and calls("optim_grads") == 5
-    assert calls("optim_grads_params") == 13 and calls("optim_grads_params", fsdp_unit=False) == 5
+    assert calls("optim_grads_params") == 12 and calls("optim_grads_params", fsdp_unit=False) == 5
     assert megatron_fsdp_unit("u", 1000, 1, 4, "optim_grads_params") == []
     with pytest.raises(ValueError, match="optim_grads_params"):
         megatron_fsdp_unit("u", 1000, 2, 4, "zero3")

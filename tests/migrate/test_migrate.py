@@ -545,3 +545,33 @@ def test_virtual_stages_come_from_the_trainers_layout_rules():
     assert "not divisible by --num-layers-per-virtual-pipeline-stage 3" in rep.checks["layout"]
     rep = cli.migrate_text(launch.format("--num-virtual-stages-per-pipeline-rank 3"), "bash", npu_dir=NPU_DIR)
     assert "not divisible by --num-virtual-stages-per-pipeline-rank 3" in rep.checks["layout"]
+
+
+def test_context_parallel_and_fsdp_scripts_migrate_without_a_refusal():
+    """Megatron-LM's CP flags (ring, Ulysses, hierarchical, per-layer lists) and FSDP flags (Megatron-FSDP,
+    torch FSDP2) are the trainer's own: copied, parsed, no refusal; a TP x CP block wider than a node is a note."""
+    launch = (
+        "torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --num-layers 4 --hidden-size 256 "
+        "--num-attention-heads 16 --seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 1 "
+        "--global-batch-size 16 --train-iters 10 --lr 1e-4 --mock-data --tokenizer-type NullTokenizer "
+        "--vocab-size 1024 --bf16 {}\n"
+    )
+    cp = "--context-parallel-size {} --attention-dropout 0 "
+    cases = {
+        "ring": cp.format(2) + "--cp-comm-type p2p",
+        "ulysses": cp.format(2) + "--cp-comm-type a2a",
+        "hierarchical": cp.format(4) + "--cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2",
+        "per-layer": cp.format(2) + "--cp-comm-type p2p a2a p2p a2a",
+        "megatron-fsdp": "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params "
+        "--use-distributed-optimizer --ckpt-format fsdp_dtensor",
+        "torch-fsdp2": "--use-torch-fsdp2 --untie-embeddings-and-output-weights",
+    }
+    for name, flags in cases.items():
+        rep = cli.migrate_text(launch.format(flags), "bash", npu_dir=NPU_DIR)
+        assert rep.verdict == "ok" and rep.checks["flags"].startswith("ok"), (name, rep.checks)
+        assert not rep.errors and not rep.result.unsupported, name
+        assert flags.split()[0] in find_launch(rep.result.text).args, name
+    rep = cli.migrate_text(launch.format(cp.format(4) + "--tensor-model-parallel-size 4"), "bash", npu_dir=NPU_DIR)
+    assert rep.verdict == "ok" and rep.layout["cp"] == 4
+    (note,) = [n for n in rep.result.notes if n.item == "context parallel layout"]
+    assert note.reason.startswith("TP 4 x CP 4 = 16 ranks do not fit in a node of 8")

@@ -1,9 +1,9 @@
 """megatron-npu perf-report on real cpu runs of pretrain_gpt.py.
 
 Three launches: TP2 x PP2 on 4 ranks at --timing-log-level 2 (figures add up, five sections,
-plots, markdown, JSON); 1 rank with a slow data loader (flagged on point 4); TP2 x DP2 on two
-simulated nodes (2 torchrun agents x 2 ranks), whose DP gradient-sync groups cross nodes
-(flagged on point 2).
+plots, markdown, JSON); 1 rank with a slow data loader (flagged on point 4); TP2 x CP2 (ring) on two
+simulated nodes (2 torchrun agents x 2 ranks), whose CP groups, and with them the DP x CP
+gradient-sync groups, cross nodes (flagged on point 2; the CP ring's measured bytes beside the plan).
 """
 
 from __future__ import annotations
@@ -77,6 +77,10 @@ def two_nodes(tmp_path_factory):
         "3",
         "--tensor-model-parallel-size",
         "2",
+        "--context-parallel-size",
+        "2",
+        "--attention-dropout",
+        "0",
         "--timing-log-level",
         "2",
         "--log-dir",
@@ -240,7 +244,7 @@ def test_slow_data_loader_is_flagged(slow_loader, tp2_pp2):
 def test_gradient_sync_crossing_nodes_is_flagged(two_nodes):
     text, rep = two_nodes
     t = rep["checks"]["traffic"]
-    assert rep["layout"]["nodes"] == 2 and rep["layout"]["dp"] == 2
+    assert rep["layout"]["nodes"] == 2 and rep["layout"]["cp"] == 2 and rep["layout"]["dp"] == 1
     assert [r["node"] for r in rep["ranks"]] == [0, 0, 1, 1]
     assert t["verdict"] == "FLAGGED"
     assert t["tp_crossing"] == [] and sorted(t["grad_sync_crossing"]) == [[0, 2], [1, 3]]
@@ -250,6 +254,22 @@ def test_gradient_sync_crossing_nodes_is_flagged(two_nodes):
     assert not t["dimensions"]["tp"]["crosses_nodes"] and t["dimensions"]["tp"]["wire_inter"] == 0
     assert "spans nodes" in text and "verdict: FLAGGED" in text.split(TITLES[1])[1].split(TITLES[2])[0]
     assert any("crosses nodes" in line for line in rep["checks"]["grad_reduction"]["advice"])
+
+
+def test_cp_ring_bytes_measured_beside_the_plan_and_the_placement_said(two_nodes):
+    """TP2 x CP2 on 2 nodes of 2: megatron-core's order puts CP next to TP, so TP x CP = 4 ranks cannot
+    stay in a node; the ring's K/V and dK/dV bytes (cp_comm.cp_calls) are what the CP group counted."""
+    text, rep = two_nodes
+    t = rep["checks"]["traffic"]
+    cp = t["dimensions"]["cp"]
+    assert cp["measured_bytes"] > 0 and cp["measured_bytes"] == pytest.approx(cp["planned_bytes"])
+    assert cp["crosses_nodes"] and cp["wire_inter"] > 0 and cp["wire_intra"] == 0
+    # 4 layers x 4 micro-batches x (fwd K/V 1 + bwd K/V 1 + dK/dV 2) ring shifts, each a send and a receive
+    # of K and V [s/CP = 16, b = 2, 2 heads per TP rank, 16] fp32 = 8192 B (the fp32 dK/dV as many)
+    assert cp["planned_bytes"] == 4 * 4 * (2 + 2 + 4) * 8192
+    note = "TP 2 x CP 2 = 4 ranks do not fit in a node of 2"
+    assert any(line.startswith(note) for line in t["advice"]) and note in text
+    assert "CP attention" in text.split(TITLES[1])[1].split(TITLES[2])[0]
 
 
 def test_npu_smi_samples_and_bad_input(tp2_pp2, tmp_path):
