@@ -147,13 +147,10 @@ def _wrap(scheme: str, config, model):
     if scheme == "torch_fsdp2":  # as megatron_npu/training/fsdp.py builds it
         fsdp2 = TorchFullyShardedDataParallelConfig()
         return TorchFullyShardedDataParallel(config, fsdp2, model), fsdp2
-    # no_shard: megatron-core 0.16.1's synchronous start_param_sync gathers a weight buffer no_shard does
-    # not have (it checks for None one line too late); the overlapped path skips it. No byte at rest changes.
     ddp = DistributedDataParallelConfig(
         use_distributed_optimizer=True,
         use_megatron_fsdp=True,
         data_parallel_sharding_strategy=scheme,
-        overlap_param_gather=scheme == "no_shard",
     )
     return FullyShardedDataParallel(config, ddp, model, device=torch.device("cpu")), ddp
 

@@ -145,11 +145,11 @@ _CUDA_GRAPH = "CUDA graphs are CUDA-only"
 _TP_OVERLAP = f"TP communication/GEMM overlap uses TE userbuffers ({_TE})"
 _MOE = "this MoE option is not supported by this trainer"
 _DEEPEP = "the flex dispatcher runs on DeepEP / HybridEP, CUDA-only kernels"
-_FSDP = "FSDP is not supported by this trainer"
+_FSDP = "hybrid sharding (HSDP) and FSDP buffer registration are not supported by this trainer"
+_FSDP_INSTEAD = "use --use-megatron-fsdp or --use-torch-fsdp2 without it"
 _UNEVEN = "uneven pipeline stages are not supported by this trainer"
 _DROP = "drop the flag"
 _BF16 = "use --bf16"
-_DIST_OPT = "use --use-distributed-optimizer (shards optimizer state across data-parallel ranks)"
 _GC = "the trainer keeps Python's default garbage collector"
 _NO_HISTORY = "no allocator history is recorded"
 
@@ -200,9 +200,9 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     ),
     _refused(
         "--ckpt-format",
-        "only the torch_dist distributed checkpoint format is supported",
+        "only the torch_dist distributed checkpoint format (and fsdp_dtensor under --use-megatron-fsdp) is supported",
         "use --ckpt-format torch_dist (the default)",
-        ("torch_dist",),
+        ("torch_dist", "fsdp_dtensor"),
     ),
     # MoE: megatron-core's router, dispatchers and experts run as they are; what needs CUDA-only
     # kernels (DeepEP, TE's fused permutation and router) is refused, with the unfused alternative.
@@ -256,9 +256,11 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     _device("--no-fp8*", _FP8, _BF16, migrate="ask", name="no-fp8-wgrad"),
     _device("--fp4-format", _FP8, _BF16, migrate="ask", name="fp4-valued", takes_value=True),
     _device("--fp4*", _FP8, _BF16, migrate="ask", name="fp4"),
-    _refused("--use-torch-fsdp2", _FSDP, _DIST_OPT),
-    _refused("--use-custom-fsdp", _FSDP, _DIST_OPT),
-    _refused("--use-megatron-fsdp", _FSDP, _DIST_OPT),
+    _refused(
+        "--use-custom-fsdp",
+        "Megatron-LM core_v0.16.1 has no such flag (use_custom_fsdp is megatron-core's deprecated name)",
+        "use --use-megatron-fsdp",
+    ),
     _refused("--async-save", "asynchronous checkpoint saving is not supported yet", "drop it (saves are synchronous)"),
     _refused("--spec", "this trainer builds the GPT layer spec itself"),
     _refused(
@@ -413,17 +415,16 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
         "--min-offloaded-tensor-size",
         alternative="use --recompute-granularity to save activation memory",
     ),
+    # FSDP (training/fsdp_args.py defines the flags honoured): hybrid sharding needs megatron-core's
+    # HSDP groups, which this trainer does not build; the rest are NCCL user-buffer options
     *_lacking(
         _FSDP,
-        "--data-parallel-sharding-strategy",
         "--outer-dp-sharding-strategy",
         "--enable-full-sharding-in-hsdp",
         "--fsdp-*",
-        "--torch-fsdp2-*",
-        "--suggested-communication-unit-size",
         "--no-strict-fsdp-dtensor-load",
         "--disable-strict-fsdp-dtensor-load",
-        alternative=_DIST_OPT,
+        alternative=_FSDP_INSTEAD,
     ),
     *_lacking(
         "in-process restart and NVIDIA's fault-tolerance package are not supported by this trainer",
@@ -637,7 +638,6 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
         for flag, accepted in (
             ("--disable-symmetric-registration", _TRUE),
             ("--create-all-gather-group", _TRUE),
-            ("--no-gradient-reduce-div-fusion", _FALSE),
             ("--high-priority-stream-groups", _takes(str, (), "*")),
         )
     ),

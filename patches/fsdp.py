@@ -17,6 +17,7 @@ Reduce-scatter and all-gather into flat tensors, coalesced, run on gloo as they 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -150,3 +151,148 @@ def _base_finish_grad_sync(original: Callable, accelerator: Accelerator) -> Call
         return original(self)
 
     return finish_grad_sync
+
+
+class _AbsentTELinear:
+    """Stands for Transformer Engine's TELinear where TE is not installed: no module is one."""
+
+
+@register(
+    "megatron.core.distributed.fsdp.mcore_fsdp_adapter.TELinear.absent",
+    "megatron.core.distributed.fsdp.mcore_fsdp_adapter:TELinear",
+    megatron_versions=VERSIONS,
+    reason="without Transformer Engine the adapter's TELinear is not a class (megatron-core leaves a MagicMock), "
+    "and FullyShardedDataParallel's "
+    "_fix_tensor_parallel_attributes calls isinstance(module, (TELinear,)) under TP > 1: TypeError at wrap time; "
+    "a class no module is an instance of (TE's own class where TE imports)",
+    subsystem=SUBSYSTEM,
+)
+def _te_linear(original: Any, accelerator: Accelerator) -> Any:
+    return original if isinstance(original, type) else _AbsentTELinear
+
+
+def _empty_shard_state(template: dict[str, Any], param: torch.Tensor) -> dict[str, Any]:
+    """Optimizer state for a parameter whose shard on this rank is empty: the template's entries, the
+    per-element ones (DTensors shaped like their parameter) as empty shards of this one."""
+    from torch.distributed.tensor import DTensor
+
+    return {
+        key: torch.zeros_like(param)
+        if isinstance(value, DTensor)
+        else (value.clone() if torch.is_tensor(value) else value)
+        for key, value in template.items()
+    }
+
+
+def same_optimizer_state_on_every_rank(original: Callable) -> Callable:
+    """``sharded_param_state_fsdp_dtensor`` whose state names every parameter, in parameter order, on every rank.
+
+    Megatron-FSDP shards each bucket evenly over the DP ranks, so a small parameter (a norm's weight)
+    can lie wholly in one rank's shard: the others never step it and hold no optimizer state for it,
+    and the state dict's order is the order in which parameters were first stepped. Megatron-FSDP's
+    uneven-DTensor preprocessing then runs one collective per DTensor of the state dict in its order:
+    with different DTensors on different ranks the save hangs (measured: 2 ranks, gloo). Empty-shard
+    entries (zeros of size 0) are added and the state ordered as the optimizer's parameter groups.
+    """
+
+    @functools.wraps(original)
+    def sharded_param_state_fsdp_dtensor(self: Any, is_loading: bool = False) -> dict[str, Any]:
+        result = original(self, is_loading)
+        state = self.optimizer.state
+        template = next((entry for entry in state.values() if entry), None)
+        params = [param for group in self.optimizer.param_groups for param in group["params"]]
+        if template is not None:
+            for param in params:
+                local = getattr(param, "_local_tensor", param)
+                if not state.get(param) and local.numel() == 0:
+                    state[param] = _empty_shard_state(template, param)
+        named = {self._param_name(param): state[param] for param in params if param in state}
+        others = {key: value for key, value in result["state"].items() if key not in named}
+        result["state"] = named | others
+        return result
+
+    return sharded_param_state_fsdp_dtensor
+
+
+register(
+    "megatron.core.optimizer.distrib_optimizer.DistributedOptimizer.sharded_param_state_fsdp_dtensor.every_rank",
+    "megatron.core.optimizer.distrib_optimizer:DistributedOptimizer.sharded_param_state_fsdp_dtensor",
+    megatron_versions=VERSIONS,
+    reason="a parameter wholly in another rank's Megatron-FSDP shard has no optimizer state here, and the state's "
+    "order is the order of first steps: the fsdp_dtensor save runs one collective per DTensor and hangs when ranks "
+    "differ; every parameter gets an entry (empty shards), in parameter order",
+    subsystem=SUBSYSTEM,
+)(lambda original, accelerator: same_optimizer_state_on_every_rank(original))
+
+
+def nothing_to_gather_under_no_shard(original: Callable) -> Callable:
+    """``MegatronFSDP.start_param_sync`` that gathers nothing where no bucket has a sharded weight buffer.
+
+    Under ``--data-parallel-sharding-strategy no_shard`` every rank holds whole weights and no parameter
+    group has a model-weight buffer; the synchronous path (``--overlap-param-gather`` off) still calls
+    ``async_bucket_gather`` for each bucket before its ``model_weight_buffer is None`` check, which then
+    fetches a bucket from ``None`` (AttributeError after the first optimizer step, on every target).
+    """
+
+    @functools.wraps(original)
+    def start_param_sync(self: Any, *unused: Any, force_sync: bool = False, force_dispatch: bool = False) -> Any:
+        groups = self.param_and_grad_buffer.parameter_groups
+        if all(group.model_weight_buffer is None for group in groups):
+            self._replace_param_with_raw_if_needed()  # what the original does first, on any path
+            return None
+        return original(self, *unused, force_sync=force_sync, force_dispatch=force_dispatch)
+
+    return start_param_sync
+
+
+register(
+    "megatron_fsdp.MegatronFSDP.start_param_sync.no_shard",
+    "megatron.core.distributed.fsdp.src.megatron_fsdp.megatron_fsdp:MegatronFSDP.start_param_sync",
+    megatron_versions=VERSIONS,
+    reason="under no_shard there is no weight buffer to gather, but the synchronous param sync gathers each "
+    "bucket before checking for one: AttributeError after the first step without --overlap-param-gather; "
+    "nothing is gathered when no bucket has a weight buffer",
+    subsystem=SUBSYSTEM,
+)(lambda original, accelerator: nothing_to_gather_under_no_shard(original))
+
+
+def all_reduce_every_gradient_buffer(original: Callable) -> Callable:
+    """``ParamAndGradBuffer.all_reduce_gradients`` that reduces the groups that have a gradient buffer.
+
+    megatron-core 0.16.1 skips each group whose ``main_grad_buffer`` is *not* None (an inverted test),
+    so under ``no_shard`` without ``--overlap-grad-reduce`` (the synchronous path) no gradient is ever
+    reduced: every DP rank steps on its own micro-batches' gradient (silent; measured: 2 ranks leave the
+    1-rank losses at the third iteration). The reduction itself is megatron-core's: its preprocessing
+    (the 1/DP scaling and the reduce op, patched above where the library lacks PREMUL_SUM), one
+    all-reduce per buffer on the buffer's group.
+    """
+    buffer_module = sys.modules[original.__module__]
+
+    @functools.wraps(original)
+    def all_reduce_gradients(self: Any, async_op: bool = False) -> None:
+        pending = []
+        for group in self.parameter_groups:
+            buffer = group.main_grad_buffer
+            if buffer is None:
+                continue
+            reduce_op = buffer_module.gradient_reduce_preprocessing(
+                buffer.data, buffer.gradient_scaling_factor, self.ddp_config
+            )
+            handle = torch.distributed.all_reduce(
+                buffer.data, op=reduce_op, group=buffer.data_parallel_group, async_op=async_op
+            )
+            pending += [handle] if async_op else []
+        for handle in pending:
+            handle.wait()
+
+    return all_reduce_gradients
+
+
+register(
+    "megatron_fsdp.ParamAndGradBuffer.all_reduce_gradients.inverted_skip",
+    f"{MEGATRON_FSDP_BUFFER}:ParamAndGradBuffer.all_reduce_gradients",
+    megatron_versions=VERSIONS,
+    reason="skips every parameter group that has a gradient buffer (`if gbuf is not None: continue`): under "
+    "no_shard without --overlap-grad-reduce no gradient is reduced over DP (silent); each buffer is reduced",
+    subsystem=SUBSYSTEM,
+)(lambda original, accelerator: all_reduce_every_gradient_buffer(original))

@@ -32,6 +32,7 @@ from ..policy import (
     check_value,
     refusal_for,
 )
+from .fsdp_args import add_fsdp_args
 from .moe_args import add_moe_args
 from .settings import Settings
 from .validation import validate_args
@@ -364,7 +365,7 @@ def _add_checkpointing_args(p: argparse.ArgumentParser) -> None:
         "--ckpt-format",
         default="torch_dist",
         choices=["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"],
-        help="Checkpoint format; only torch_dist is supported here.",
+        help="Checkpoint format: torch_dist, or fsdp_dtensor under --use-megatron-fsdp.",
     )
     g.add_argument("--ckpt-fully-parallel-save", action="store_true", dest="ckpt_fully_parallel_save_deprecated")
     g.add_argument("--no-ckpt-fully-parallel-save", action="store_false", dest="ckpt_fully_parallel_save")
@@ -600,6 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging_args(p)
     _add_misc_args(p)
     add_moe_args(p)
+    add_fsdp_args(p)
     _add_no_effect_args(p)
     return p
 

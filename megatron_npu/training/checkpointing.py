@@ -36,6 +36,7 @@ from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.compat import unwrap_model
+from megatron_npu.training import fsdp
 from megatron_npu.training.arguments import ConfigError
 from megatron_npu.training.checkpoint_format import (
     CHECKPOINT_VERSION,
@@ -167,14 +168,10 @@ def save_checkpoint(
         os.makedirs(partial)
     dist.barrier()
     optim, rng = not args.no_save_optim and optimizer is not None, not args.no_save_rng
-    metadata = content_metadata(bool(args.use_distributed_optimizer))
-    sharded = _sharded_state(model, optimizer, scheduler, optim=optim, metadata=metadata, loading=False)
+    dtensor = args.ckpt_format == fsdp.MEGATRON_FSDP_FORMAT
+    metadata = dict(fsdp.FSDP_DTENSOR_METADATA) if dtensor else content_metadata(bool(args.use_distributed_optimizer))
     layout = _layout()
-    if rng:
-        sharded["rng_state"] = _rng_object(
-            per_dp_rank=bool(args.data_parallel_random_init), by_dp=layout.get("ep", 1) > 1
-        )
-    sharded.update(
+    common = dict(
         # Megatron-LM's fields
         args=megatron_args(args, state, layout, no_save_optim=not optim, no_save_rng=not rng),
         checkpoint_version=CHECKPOINT_VERSION,
@@ -188,7 +185,18 @@ def save_checkpoint(
         distributed_optimizer=bool(args.use_distributed_optimizer),
         has_rng=rng,
     )
-    dist_checkpointing.save(sharded, partial, content_metadata=metadata)
+    if dtensor:  # Megatron-FSDP: torch.distributed.checkpoint over DTensors, as Megatron-LM (fsdp.py)
+        common["content_metadata"] = metadata
+        rng_state = _rng_state() if rng else None
+        fsdp.save_checkpoint(partial, model, optimizer, scheduler, common, optim=optim, rng=rng_state)
+    else:
+        sharded = _sharded_state(model, optimizer, scheduler, optim=optim, metadata=metadata, loading=False)
+        if rng:
+            sharded["rng_state"] = _rng_object(
+                per_dp_rank=bool(args.data_parallel_random_init), by_dp=layout.get("ep", 1) > 1
+            )
+        sharded.update(common)
+        dist_checkpointing.save(sharded, partial, content_metadata=metadata)
     if in_save is not None:
         in_save(iteration)
     dist.barrier()
@@ -262,18 +270,21 @@ def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.
             f"--load {root}: no checkpoint directory {os.path.basename(directory)}"
             + (" (--ckpt-step)" if args.ckpt_step is not None else f" (named by {TRACKER})")
         )
-    common = dist_checkpointing.load_common_state_dict(directory)
+    dtensor = fsdp.is_fsdp_dtensor_checkpoint(directory)
+    common = fsdp.read_common(directory) if dtensor else dist_checkpointing.load_common_state_dict(directory)
     saved = _read_saved_run(common, directory)
     _check_model_shape(saved.model_shape, args, directory)
     load_optim, load_rng = _what_to_load(saved, args, directory)
-    sharded = _sharded_state(
-        model, optimizer, scheduler, optim=load_optim, metadata=saved.loading_metadata(), loading=True
-    )
-    if load_rng:  # the saved objects' sharding; their contents are replaced by the load
-        sharded["rng_state"] = _rng_object(per_dp_rank=False, by_dp=saved.rng_by_dp)
-    loaded = dist_checkpointing.load(sharded, directory, strict=args.dist_ckpt_strictness)
-    for key, chunk in zip(_model_keys(model), model, strict=True):
-        unwrap_model(chunk).load_state_dict(loaded[key])
+    if dtensor != (args.ckpt_format == fsdp.MEGATRON_FSDP_FORMAT):
+        raise ConfigError(
+            f"checkpoint {directory} is {'fsdp_dtensor' if dtensor else 'torch_dist'}: load it with "
+            + ("--use-megatron-fsdp --ckpt-format fsdp_dtensor" if dtensor else "--ckpt-format torch_dist")
+        )
+    if dtensor:
+        rng = _rng_state() if load_rng else None
+        loaded = fsdp.load_checkpoint(directory, model, optimizer, scheduler, optim=load_optim, rng=rng)
+    else:
+        loaded = _load_dist_checkpoint(model, optimizer, scheduler, args, directory, saved, load_optim, load_rng)
     if load_optim:
         _load_optimizer(loaded, common, optimizer, scheduler, directory)
     if load_rng:
@@ -289,6 +300,28 @@ def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.
         + f": {state.consumed_train_samples} samples consumed"
     )
     return state
+
+
+def _load_dist_checkpoint(
+    model: list,
+    optimizer: Any,
+    scheduler: Any,
+    args: argparse.Namespace,
+    directory: str,
+    saved: SavedRun,
+    load_optim: bool,
+    load_rng: bool,
+) -> dict[str, Any]:
+    """dist-checkpointing's load into the model; the optimizer and RNG state returned for the caller."""
+    sharded = _sharded_state(
+        model, optimizer, scheduler, optim=load_optim, metadata=saved.loading_metadata(), loading=True
+    )
+    if load_rng:  # the saved objects' sharding; their contents are replaced by the load
+        sharded["rng_state"] = _rng_object(per_dp_rank=False, by_dp=saved.rng_by_dp)
+    loaded = dist_checkpointing.load(sharded, directory, strict=args.dist_ckpt_strictness)
+    for key, chunk in zip(_model_keys(model), model, strict=True):
+        unwrap_model(chunk).load_state_dict(loaded[key])
+    return loaded
 
 
 def _read_saved_run(common: dict[str, Any], directory: str) -> SavedRun:

@@ -17,6 +17,7 @@ from ..layout.model_shape import ModelShape
 from ..layout.parallel_dims import TRAINER_FLAGS, LayoutError, ParallelDims
 from ..policy import TOKENIZER_TYPES, ConfigError
 from .data_checks import check_indexed_dataset
+from .fsdp_args import check_fsdp_args
 from .moe_args import check_moe_args
 
 T = TypeVar("T")
@@ -112,6 +113,7 @@ def validate_args(
     _check_schedule(args)
     _check_saving(args)
     _check_overlap(args)
+    check_fsdp_args(args)
     _derive_data_sources(args, warn)
     _derive_tokenizer(args)
     _derive_sequence_lengths(args)
@@ -354,8 +356,8 @@ def _check_saving(args: argparse.Namespace) -> None:
 def _check_overlap(args: argparse.Namespace) -> None:
     """Distributed optimizer / overlap."""
     if args.overlap_param_gather:
-        if not args.use_distributed_optimizer:
-            raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+        if not (args.use_distributed_optimizer or args.use_megatron_fsdp):
+            raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer (or --use-megatron-fsdp)")
         if not args.overlap_grad_reduce:
             raise ConfigError("--overlap-param-gather needs --overlap-grad-reduce")
 

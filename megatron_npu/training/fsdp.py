@@ -1,0 +1,145 @@
+"""FSDP in this trainer, as Megatron-LM core_v0.16.1 builds it (training.get_model): the model
+chunks wrapped in megatron-core's Megatron-FSDP adapter (``--use-megatron-fsdp``) or its torch
+FSDP2 wrapper (``--use-torch-fsdp2``) instead of its DDP, then the optimizer megatron-core builds
+over them. What either needs off CUDA (DeviceMesh device type, PREMUL_SUM, ...) is patched by
+capability in patches/fsdp.py; the flags and their rules are in fsdp_args.py.
+
+Checkpoints: Megatron-FSDP's are ``--ckpt-format fsdp_dtensor`` (torch.distributed.checkpoint
+over the DTensor state dicts: ``save_checkpoint`` / ``load_checkpoint`` here, called by
+checkpointing.py inside its atomic save). FSDP2 runs do not save yet (fsdp_args.py refuses it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from megatron.core import parallel_state
+
+from megatron_npu.training.config import ddp_config
+from megatron_npu.training.fsdp_args import MEGATRON_FSDP_FORMAT
+
+__all__ = ["MEGATRON_FSDP_FORMAT", "wrap", "save_checkpoint", "load_checkpoint", "read_common"]
+
+# Megatron-LM's optimizer content metadata for Megatron-FSDP checkpoints (its
+# _build_sharded_state_dict_metadata under --ckpt-format fsdp_dtensor)
+FSDP_DTENSOR_METADATA = {"distrib_optim_sharding_type": "fsdp_dtensor"}
+
+
+def wrap_megatron_fsdp(chunks: list, config: Any, args: argparse.Namespace, device: torch.device) -> list:
+    """Each chunk in Megatron-FSDP: its TransformerLayers are the units whose weights are
+    gathered just in time (optim_grads_params); parameters, gradients and optimizer state are
+    sharded over the data-parallel group as ``--data-parallel-sharding-strategy`` says."""
+    # imported here: megatron-core 0.12/0.13 (supported releases, tests/releases) have no Megatron-FSDP
+    from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
+
+    return [
+        FullyShardedDataParallel(
+            config=config, ddp_config=ddp_config(args), module=chunk, disable_bucketing=i > 0, device=device
+        )
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+def wrap_torch_fsdp2(chunks: list, config: Any, args: argparse.Namespace) -> list:
+    """Each chunk under torch's ``fully_shard`` (its layers and embeddings, then the whole chunk)."""
+    from megatron.core.distributed import TorchFullyShardedDataParallel, TorchFullyShardedDataParallelConfig  # 0.13+
+
+    fsdp2_config = TorchFullyShardedDataParallelConfig(reshard_after_forward=args.torch_fsdp2_reshard_after_forward)
+    return [
+        TorchFullyShardedDataParallel(config=config, ddp_config=fsdp2_config, module=chunk, disable_bucketing=i > 0)
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+def wrap(chunks: list, config: Any, args: argparse.Namespace, device: torch.device) -> list:
+    """The chunks in the FSDP implementation the flags name."""
+    if args.use_megatron_fsdp:
+        return wrap_megatron_fsdp(chunks, config, args, device)
+    return wrap_torch_fsdp2(chunks, config, args)
+
+
+def fsdp_dtensor_state(model: list, optimizer: Any, scheduler: Any, *, optim: bool, loading: bool) -> dict[str, Any]:
+    """The model and optimizer state Megatron-LM writes as ``fsdp_dtensor``: each chunk's state
+    dict of DTensors, the distributed optimizer's DTensor state, the scheduler; prepared by
+    megatron-core's own helpers (SwiGLU's fused fc1 split in two, uneven DTensor shards described)."""
+    from megatron.core.distributed.fsdp.src.megatron_fsdp.uneven_dtensor import (
+        preprocess_state_dict_for_uneven_dtensor,
+    )
+    from megatron.core.transformer.fsdp_dtensor_checkpoint import handle_swiglu_in_state_dict
+
+    (chunk,) = model  # Megatron-FSDP runs without pipeline stages here (fsdp_args.py)
+    state: dict[str, Any] = {"model": chunk.state_dict_for_save_checkpoint()}
+    if optim:
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=loading, metadata=FSDP_DTENSOR_METADATA)
+        state["opt_param_scheduler"] = scheduler.state_dict()
+    if chunk.config.gated_linear_unit:
+        state["model"], optim_state = handle_swiglu_in_state_dict(chunk, state["model"], state.get("optimizer"))
+        if optim_state is not None:
+            state["optimizer"] = optim_state
+    preprocess_state_dict_for_uneven_dtensor(state)
+    return state
+
+
+# ---- fsdp_dtensor files ------------------------------------------------------------------------
+#: this trainer's common state (checkpointing.py's fields, Megatron-LM's among them), written by rank 0
+#: beside torch.distributed.checkpoint's files: read before the state to load is built
+COMMON_FILE = "common.pt"
+#: the common fields Megatron-LM's fsdp_dtensor loader reads from the DCP state itself
+MEGATRON_LM_KEYS = ("args", "checkpoint_version", "iteration", "num_floating_point_operations_so_far")
+
+
+def is_fsdp_dtensor_checkpoint(directory: str) -> bool:
+    """torch.distributed.checkpoint's ``.metadata`` without dist-checkpointing's ``metadata.json``."""
+    return os.path.isfile(os.path.join(directory, ".metadata")) and not os.path.isfile(
+        os.path.join(directory, "metadata.json")
+    )
+
+
+def _rng_entry(rng_state: dict[str, Any]) -> dict[str, list]:
+    """Megatron-LM's fsdp_dtensor RNG entry: this (PP, TP) rank's states, replicated over DP."""
+    pp, tp = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()
+    return {f"({pp}, {tp})": [rng_state]}
+
+
+def save_checkpoint(
+    directory: str, model: list, optimizer: Any, scheduler: Any, common: dict[str, Any], *, optim: bool, rng: Any
+) -> None:
+    """Every rank writes its shards of ``directory`` (torch.distributed.checkpoint); rank 0 the common state."""
+    state = fsdp_dtensor_state(model, optimizer, scheduler, optim=optim, loading=False)
+    if rng is not None:
+        state["rng_state"] = _rng_entry(rng)
+    state.update({key: common[key] for key in MEGATRON_LM_KEYS})
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(directory))
+    if dist.get_rank() == 0:
+        torch.save(common, os.path.join(directory, COMMON_FILE))
+
+
+def read_common(directory: str) -> dict[str, Any]:
+    return torch.load(os.path.join(directory, COMMON_FILE), weights_only=False)
+
+
+def load_checkpoint(
+    directory: str, model: list, optimizer: Any, scheduler: Any, *, optim: bool, rng: Any
+) -> dict[str, Any]:
+    """Load ``directory`` into the model and optimizer (their DTensor shards, in place, under this run's
+    DP size) and return the loaded state (``optimizer``, ``opt_param_scheduler``, ``rng_state`` for the
+    caller: the optimizer's param groups and the scheduler are loaded from it).
+    ``rng``: this rank's current states, the structure to load the saved ones into (None: not loaded)."""
+    state = fsdp_dtensor_state(model, optimizer, scheduler, optim=optim, loading=True)
+    if rng is not None:
+        state["rng_state"] = _rng_entry(rng)
+    # in place: the state dicts hold the parameters' and the optimizer's own DTensors
+    dcp.load(state, storage_reader=dcp.FileSystemReader(directory))
+    # the loaded (main) weights into the weights the forward gathers: what Megatron-FSDP's hook after
+    # load_state_dict does (Megatron-LM triggers it through a load_state_dict that copies nothing)
+    for chunk in model:
+        chunk.module.install_optimized_model_weights()
+    if rng is not None:
+        (states,) = state["rng_state"].values()
+        state["rng_state"] = states[0]
+    return state
