@@ -18,9 +18,10 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.enums import ModelType
 from megatron.core.models.gpt import GPTModel
-from megatron.core.utils import get_batch_on_this_cp_rank
 
 from megatron_npu.accelerator import get_accelerator
+from megatron_npu.compat import get_batch_on_this_cp_rank  # megatron-core's, on every release
+from megatron_npu.compat.core import call_with_vp_stage
 from megatron_npu.spec import gpt_layer_spec
 from megatron_npu.training import get_args, get_timers, get_tokenizer, print_rank_0
 from megatron_npu.training.config import transformer_config
@@ -32,7 +33,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     """Build one GPT model chunk (the whole model without pipeline parallelism)."""
     args = get_args()
     print_rank_0("building GPT model ...")
-    return GPTModel(
+    return call_with_vp_stage(  # GPTModel takes vp_stage from megatron-core 0.13
+        GPTModel,
         config=transformer_config(args),
         transformer_layer_spec=gpt_layer_spec(args, vp_stage),
         vocab_size=args.padded_vocab_size,

@@ -13,12 +13,16 @@ from __future__ import annotations
 import argparse
 
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
 from megatron.core.transformer import transformer_block
 from megatron.core.transformer.spec_utils import ModuleSpec
-from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
-from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
+from megatron_npu.compat.specs import (  # megatron-core's, on every supported release
+    get_num_layers_to_build,
+    get_transformer_layer_offset,
+    mlp_submodules,
+    moe_module_spec,
+)
 from megatron_npu.layout.moe import moe_layer_pattern
 from megatron_npu.ops.spec_provider import DeviceSpecProvider
 from megatron_npu.training.config import transformer_config
@@ -40,12 +44,7 @@ def gpt_layer_spec(args: argparse.Namespace, vp_stage: int | None = None) -> Mod
     if args.num_experts is None:
         return dense
     moe = _layer_spec(args)
-    moe.submodules.mlp = get_moe_module_spec_for_backend(
-        spec_provider(args),
-        num_experts=args.num_experts,
-        moe_grouped_gemm=args.moe_grouped_gemm,
-        use_te_activation_func=False,
-    )
+    moe.submodules.mlp = moe_module_spec(spec_provider(args), args.num_experts, args.moe_grouped_gemm)
     config = transformer_config(args)
     specs = [moe if is_moe else dense for is_moe in moe_layer_pattern(args.moe_layer_freq, args.num_layers)]
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
@@ -65,5 +64,5 @@ def _layer_spec(args: argparse.Namespace) -> ModuleSpec:
     if args.qk_layernorm:
         attention.q_layernorm = attention.k_layernorm = backend.layer_norm(for_qk=True)
     # Built only when config.use_te_activation_func is set (training/config.py: device SwiGLU).
-    layer.mlp.submodules.activation_func = backend.activation_func()
+    mlp_submodules(layer.mlp).activation_func = backend.activation_func()
     return spec

@@ -128,27 +128,37 @@ def _sharded_state_dict(original: Callable, accelerator: Accelerator) -> Callabl
     return sharded_state_dict
 
 
-@register(
+def keep_source_keys(precision_aware_field: str) -> Callable[[Callable, Accelerator], Callable]:
+    """The patch of ``_set_main_param_and_optimizer_states``: copy the checkpoint's keys into the optimizer state,
+    not the destination's (torch AdamW's 'step' is not in the checkpoint: KeyError). ``precision_aware_field``:
+    the config switch that routes to megatron-core's own path (its name changed in 0.13; release_fixes.py
+    registers this for 0.12)."""
+
+    def build(original: Callable, accelerator: Accelerator) -> Callable:
+        @functools.wraps(original)
+        def _set_main_param_and_optimizer_states(self: Any, model_param: Any, tensors: dict) -> None:
+            if getattr(self.config, precision_aware_field):
+                return original(self, model_param, tensors)
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+            destination = {"param": main_param, **self.optimizer.state[main_param]}
+            for key, value in tensors.items():
+                if key in destination:
+                    destination[key].copy_(value)
+            return None
+
+        return _set_main_param_and_optimizer_states
+
+    return build
+
+
+register(
     "distrib_optimizer._set_main_param_and_optimizer_states.source_keys",
     f"{DIST_OPT}:DistributedOptimizer._set_main_param_and_optimizer_states",
     reason="iterates the destination keys, which include torch AdamW's 'step' that the checkpoint drops (KeyError)",
     subsystem=SUBSYSTEM,
     megatron_versions=">=0.13.0,<0.20",  # reads config.use_precision_aware_optimizer_no_fp8_or_ds_fp8 (new in 0.13)
-)
-def _set_states(original: Callable, accelerator: Accelerator) -> Callable:
-    @functools.wraps(original)
-    def _set_main_param_and_optimizer_states(self: Any, model_param: Any, tensors: dict) -> None:
-        if self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
-            return original(self, model_param, tensors)
-        group_index, group_order = self.model_param_group_index_map[model_param]
-        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
-        destination = {"param": main_param, **self.optimizer.state[main_param]}
-        for key, value in tensors.items():
-            if key in destination:
-                destination[key].copy_(value)
-        return None
-
-    return _set_main_param_and_optimizer_states
+)(keep_source_keys("use_precision_aware_optimizer_no_fp8_or_ds_fp8"))
 
 
 def unshare_step_tensors(optimizer: torch.optim.Optimizer) -> int:

@@ -17,6 +17,8 @@ import numpy
 from megatron_npu.accelerator.base import Accelerator
 from megatron_npu.registry import register
 
+from .optimizer import keep_source_keys
+
 SUBSYSTEM = "release_fixes"
 
 
@@ -88,29 +90,15 @@ def _write_item(original: Callable[..., Any], accelerator: Accelerator) -> Calla
     return write_item
 
 
-@register(
+register(
     "distrib_optimizer._set_main_param_and_optimizer_states.source_keys.config_0_12",
     "megatron.core.optimizer.distrib_optimizer:DistributedOptimizer._set_main_param_and_optimizer_states",
     reason="iterates the destination keys, which include torch AdamW's 'step' that the checkpoint drops "
-    "(KeyError on load); 0.12's config names the precision-aware switch use_precision_aware_optimizer "
-    "(patches/optimizer.py's patch covers 0.13+)",
+    "(KeyError on load): patches/optimizer.py's fix, under 0.12's name of the precision-aware switch "
+    "(use_precision_aware_optimizer; 0.13 renamed what it reads)",
     subsystem=SUBSYSTEM,
     megatron_versions=">=0.12.0,<0.13",
-)
-def _set_states_012(original: Callable[..., None], accelerator: Accelerator) -> Callable[..., None]:
-    @functools.wraps(original)
-    def _set_main_param_and_optimizer_states(self: Any, model_param: Any, tensors: dict) -> None:
-        if self.config.use_precision_aware_optimizer:
-            return original(self, model_param, tensors)
-        group_index, group_order = self.model_param_group_index_map[model_param]
-        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
-        destination = {"param": main_param, **self.optimizer.state[main_param]}
-        for key, value in tensors.items():
-            if key in destination:
-                destination[key].copy_(value)
-        return None
-
-    return _set_main_param_and_optimizer_states
+)(keep_source_keys("use_precision_aware_optimizer"))
 
 
 @register(
@@ -130,3 +118,52 @@ def _is_te_min_version_012(original: Callable[..., bool], accelerator: Accelerat
         return original(version, check_equality)
 
     return is_te_min_version
+
+
+@register(
+    "optimizer.ChainedOptimizer.count_zeros.unless_logged_0_12",
+    "megatron.core.optimizer.optimizer:ChainedOptimizer.count_zeros",
+    reason="0.12.x: ChainedOptimizer.step counts the gradients' zeros on every step (a reduction over the grad-stats "
+    "group) whatever log_num_zeros_in_grad says, so the trainer reports 'num zeros' unasked; 0.13 counts only when "
+    "log_num_zeros_in_grad is set and returns None otherwise: the same",
+    subsystem=SUBSYSTEM,
+    megatron_versions=">=0.12.0,<0.13",
+)
+def _count_zeros_012(original: Callable[..., Any], accelerator: Accelerator) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def count_zeros(self: Any) -> Any:
+        if self.config is not None and not self.config.log_num_zeros_in_grad:
+            return None
+        return original(self)
+
+    return count_zeros
+
+
+def _with_0_16_safe_globals(original: Callable[..., Any], accelerator: Accelerator) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def load(*args: Any, **kwargs: Any) -> Any:
+        import io
+        import signal
+
+        import torch
+        from megatron.core.optimizer import OptimizerConfig  # here: the patch applies while megatron.core imports
+
+        with torch.serialization.safe_globals([io.BytesIO, signal.Signals, OptimizerConfig]):
+            return original(*args, **kwargs)
+
+    return load
+
+
+# 0.14-0.15 load a checkpoint's common and sharded objects with torch.load's weights_only default (True since torch
+# 2.6) and allow fewer classes than 0.16 (megatron/core/safe_globals.py): Megatron-LM 0.16's arguments, which this
+# trainer's checkpoints carry (signal.Signals for --exit-signal, OptimizerConfig, BytesIO), fail to unpickle. 0.12
+# and 0.13 pass weights_only=False. The three classes 0.16 adds, allowed while these methods load.
+for _method in ("load_common", "load_sharded_objects"):
+    register(
+        f"dist_checkpointing.TorchCommonLoadStrategy.{_method}.safe_globals_0_16",
+        f"megatron.core.dist_checkpointing.strategies.common:TorchCommonLoadStrategy.{_method}",
+        reason="torch.load (weights_only) refuses Signals, BytesIO and OptimizerConfig, which 0.16 allows and "
+        "Megatron-LM 0.16's checkpoint arguments hold: allowed while the method loads",
+        subsystem=SUBSYSTEM,
+        megatron_versions=">=0.14.0,<0.16",
+    )(_with_0_16_safe_globals)

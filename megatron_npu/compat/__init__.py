@@ -2,25 +2,31 @@
 
 Each name is looked up by capability (does the release have it?), never by comparing versions: where a
 release lacks an API, an equivalent built from what it has, or, where none exists, ``ReleaseGap`` with one
-line naming the release and what to change. The patch layer (patches/) is separate: it changes how
-megatron-core runs; this only lets the project's own pretrain_gpt.py import and call it.
+line naming the release and what to change. One module per kind of API: core.py (functions), configs.py
+(config dataclasses), tokenizers.py, parallel_state.py (megatron-core's, with vp_stage on 0.12), specs.py
+(spec-building seams; it imports megatron-core, so import it by name). The patch layer (patches/) is separate:
+it changes how megatron-core runs; this only lets the project's own pretrain_gpt.py import and call it.
 """
 
 from __future__ import annotations
 
+from .configs import release_config
 from .core import (
     ReleaseGap,
-    core_tokenizer_builder,
+    get_batch_on_this_cp_rank,
     moe_layer_wise_logging_tracker,
     squared_relu,
     standard_megatron_optimizer,
     unwrap_model,
 )
+from .tokenizers import core_tokenizer_builder
 
 __all__ = [
     "ReleaseGap",
     "core_tokenizer_builder",
+    "get_batch_on_this_cp_rank",
     "moe_layer_wise_logging_tracker",
+    "release_config",
     "squared_relu",
     "standard_megatron_optimizer",
     "unwrap_model",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,7 @@ class ReleaseGap(RuntimeError):
     """The installed megatron-core lacks what a flag or feature needs; the message names the release."""
 
 
-def _find(module: str, name: str) -> Any | None:
+def find(module: str, name: str) -> Any | None:
     try:
         return getattr(importlib.import_module(module), name, None)
     except ImportError:
@@ -26,7 +27,7 @@ def gap(what: str, fix: str) -> ReleaseGap:
 
 def squared_relu(x: Any) -> Any:
     """``megatron.core.activations.squared_relu`` (0.14+); before, the same math: relu(x) ** 2."""
-    core = _find("megatron.core.activations", "squared_relu")
+    core = find("megatron.core.activations", "squared_relu")
     if core is not None:
         return core(x)
     import torch
@@ -37,7 +38,7 @@ def squared_relu(x: Any) -> Any:
 def unwrap_model(model: Any) -> Any:
     """``megatron.core.utils.unwrap_model`` (0.14+); before, the same unwrapping of megatron-core's DDP and
     Float16Module wrappers (a list in, a list out)."""
-    core = _find("megatron.core.utils", "unwrap_model")
+    core = find("megatron.core.utils", "unwrap_model")
     if core is not None:
         return core(model)
     from megatron.core.distributed import DistributedDataParallel
@@ -57,35 +58,48 @@ def standard_megatron_optimizer(config: Any, model: list) -> Any:
     before 0.16 ``get_megatron_optimizer`` builds those groups itself from the config."""
     from megatron.core.optimizer import get_megatron_optimizer
 
-    overrides = _find("megatron.core.optimizer", "get_standard_config_overrides")
+    overrides = find("megatron.core.optimizer", "get_standard_config_overrides")
     if overrides is None:
         return get_megatron_optimizer(config, model)
     return get_megatron_optimizer(config, model, config_overrides=overrides(config=config))
 
 
 def moe_layer_wise_logging_tracker() -> dict:
-    """megatron-core's per-layer MoE metrics tracker (``get_moe_layer_wise_logging_tracker``, 0.13+)."""
-    tracker = _find("megatron.core.transformer.moe.moe_utils", "get_moe_layer_wise_logging_tracker")
-    if tracker is None:
-        raise gap("the MoE layer-wise logging tracker", "MoE training with this trainer needs megatron-core >= 0.13")
-    return tracker()
+    """megatron-core's per-layer MoE metrics tracker: ``moe_utils.get_moe_layer_wise_logging_tracker`` (0.13+);
+    0.12 keeps the same dict in ``parallel_state`` (same name, same keys: what its track_moe_metrics reads)."""
+    for module in ("megatron.core.transformer.moe.moe_utils", "megatron.core.parallel_state"):
+        tracker = find(module, "get_moe_layer_wise_logging_tracker")
+        if tracker is not None:
+            return tracker()
+    raise gap("the MoE layer-wise logging tracker", "MoE training with this trainer needs megatron-core >= 0.12")
 
 
-# megatron-core's own tokenizer builder moved: megatron.core.tokenizers.text.utils.build_tokenizer (0.15-0.18),
-# megatron.core.tokenizers.utils.build_tokenizer (0.19).
-_TOKENIZER_BUILDERS = (
-    ("megatron.core.tokenizers.text.utils.build_tokenizer", "build_tokenizer"),
-    ("megatron.core.tokenizers.utils.build_tokenizer", "build_tokenizer"),
-)
-
-
-def core_tokenizer_builder() -> Callable[[Any], Any]:
-    """``build_tokenizer(args)`` of ``megatron.core.tokenizers`` (0.15+), wherever the release keeps it."""
-    for module, name in _TOKENIZER_BUILDERS:
-        found = _find(module, name)
-        if callable(found):
-            return found
+def call_with_vp_stage(function: Callable[..., Any], *args: Any, vp_stage: int | None, **kwargs: Any) -> Any:
+    """``function(*args, vp_stage=vp_stage, **kwargs)``: megatron-core 0.13+ takes the virtual pipeline stage as
+    an argument (parallel_state's stage tests, the layer offset, GPTModel); 0.12 has no such argument and
+    reads a global instead, which this trainer does not drive: without virtual stages the argument is left out,
+    with them ``ReleaseGap``."""
+    if "vp_stage" in inspect.signature(function).parameters:
+        return function(*args, vp_stage=vp_stage, **kwargs)
+    if vp_stage is None:
+        return function(*args, **kwargs)
     raise gap(
-        "megatron.core.tokenizers (the default tokenizer system)",
-        "pass --legacy-tokenizer (Megatron-LM's legacy tokenizers), or install megatron-core >= 0.15",
+        "a virtual pipeline stage argument (vp_stage)",
+        "drop --num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank, "
+        "or use megatron-core >= 0.13",
     )
+
+
+def get_batch_on_this_cp_rank(batch: dict, **kwargs: Any) -> dict:
+    """``megatron.core.utils.get_batch_on_this_cp_rank``: from 0.18 it also takes ``is_hybrid_cp`` (required),
+    for hybrid context parallelism, which this trainer does not offer: False, the plain CP split before 0.18.
+    Where it takes ``cp_group`` (0.16+) the context-parallel group is passed: 0.18+ read a missing one as the
+    world group (torch's default), which splits the sequence over every rank."""
+    from megatron.core import parallel_state, utils
+
+    parameters = inspect.signature(utils.get_batch_on_this_cp_rank).parameters
+    if "is_hybrid_cp" in parameters:
+        kwargs.setdefault("is_hybrid_cp", False)
+    if "cp_group" in parameters:
+        kwargs.setdefault("cp_group", parallel_state.get_context_parallel_group())
+    return utils.get_batch_on_this_cp_rank(batch, **kwargs)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.dot_product_attention import DotProductAttention
@@ -28,6 +27,7 @@ from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.moe.experts import SequentialMLP
 
 from megatron_npu.accelerator import get_accelerator
+from megatron_npu.compat.specs import LocalSpecProvider  # megatron.core.models.backends' (0.13+)
 from megatron_npu.ops.fused import SwiGLU
 from megatron_npu.ops.grouped_gemm import GroupedSequentialMLP
 from megatron_npu.ops.norm import SequenceParallelTorchNorm

@@ -10,14 +10,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from megatron.core import parallel_state, tensor_parallel
+from megatron.core import tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_model_config
 
 from megatron_npu.accelerator import get_accelerator
-from megatron_npu.compat import standard_megatron_optimizer
+from megatron_npu.compat import parallel_state, standard_megatron_optimizer  # parallel_state: vp_stage on 0.12
+from megatron_npu.training import fsdp
 from megatron_npu.training.config import ddp_config, optimizer_config
 
 
@@ -28,7 +29,7 @@ def _call_provider(model_provider: Callable, pre: bool, post: bool, vp_stage: in
 
 
 def build_model(model_provider: Callable, args: argparse.Namespace) -> list[DistributedDataParallel]:
-    """One model chunk per virtual stage, on the device, wrapped in megatron-core DDP."""
+    """One model chunk per virtual stage, on the device, wrapped in megatron-core DDP (or FSDP: fsdp.py)."""
     vpp = args.virtual_pipeline_model_parallel_size
     chunks = []
     for vp_stage in range(vpp) if vpp else [None]:
@@ -48,10 +49,13 @@ def build_model(model_provider: Callable, args: argparse.Namespace) -> list[Dist
     if args.fp16 or args.bf16:
         chunks = [Float16Module(chunk.config, chunk) for chunk in chunks]
     config = get_model_config(chunks[0])
-    wrapped = [
-        DistributedDataParallel(config=config, ddp_config=ddp_config(args), module=chunk, disable_bucketing=i > 0)
-        for i, chunk in enumerate(chunks)
-    ]
+    if args.use_megatron_fsdp or args.use_torch_fsdp2:  # as Megatron-LM: FSDP in place of DDP
+        wrapped = fsdp.wrap(chunks, config, args, device)
+    else:
+        wrapped = [
+            DistributedDataParallel(config=config, ddp_config=ddp_config(args), module=chunk, disable_bucketing=i > 0)
+            for i, chunk in enumerate(chunks)
+        ]
     if args.data_parallel_random_init:
         for chunk in wrapped:
             chunk.broadcast_params()

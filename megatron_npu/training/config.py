@@ -22,7 +22,7 @@ from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.utils import openai_gelu
 
 from megatron_npu.accelerator import get_accelerator
-from megatron_npu.compat import squared_relu
+from megatron_npu.compat import release_config, squared_relu
 from megatron_npu.ops.fused import fused_rotary_serves
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -130,7 +130,7 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
         if f.init and f.name in values and not (f.name in _DEFAULT_WHEN_NONE and values[f.name] is None)
     }
     kwargs.update(_derived_fields(args))
-    return TransformerConfig(**kwargs)
+    return release_config(TransformerConfig, kwargs)  # less the fields an older megatron-core lacks
 
 
 def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
@@ -164,12 +164,21 @@ def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
 
 def ddp_config(args: argparse.Namespace) -> DistributedDataParallelConfig:
     # bf16 reduces gradients in fp32 unless --grad-reduce-in-bf16 (validation.py derives it).
-    return DistributedDataParallelConfig(
-        grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
-        average_in_collective=args.ddp_average_in_collective,
-        overlap_grad_reduce=args.overlap_grad_reduce,
-        overlap_param_gather=args.overlap_param_gather,
-        use_distributed_optimizer=args.use_distributed_optimizer,
-        check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
-        bucket_size=args.ddp_bucket_size,
+    return release_config(  # less the fields an older megatron-core lacks
+        DistributedDataParallelConfig,
+        dict(
+            grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
+            average_in_collective=args.ddp_average_in_collective,
+            overlap_grad_reduce=args.overlap_grad_reduce,
+            overlap_param_gather=args.overlap_param_gather,
+            use_distributed_optimizer=args.use_distributed_optimizer,
+            check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
+            bucket_size=args.ddp_bucket_size,
+            # Megatron-FSDP (training/fsdp.py); megatron-core's DDP reads none of these
+            use_megatron_fsdp=args.use_megatron_fsdp,
+            use_custom_fsdp=args.use_megatron_fsdp,
+            data_parallel_sharding_strategy=args.data_parallel_sharding_strategy,
+            gradient_reduce_div_fusion=args.gradient_reduce_div_fusion,
+            suggested_communication_unit_size=args.suggested_communication_unit_size,
+        ),
     )

@@ -16,12 +16,12 @@ import time
 from collections.abc import Iterator
 
 import torch
-from megatron.core import parallel_state
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.datasets.utils import get_blend_from_list
 
 from megatron_npu.accelerator import get_accelerator
+from megatron_npu.compat import parallel_state  # megatron-core's; vp_stage on 0.12 too
 from megatron_npu.training.run_state import RunState
 
 

@@ -1,4 +1,4 @@
-"""tests/fixtures/gpu_style_gpt.py's GPU-written training, with a megatron-core dist-checkpoint resume.
+"""tests/fixtures/gpu_style_gpt.py's GPU-written training (its functions), with a megatron-core dist-checkpoint resume.
 
 One launch: train ``--steps`` steps saving model and optimizer (megatron-core's ``sharded_state_dict`` +
 ``dist_checkpointing.save``, as a GPU user's script does) after ``--save-at``; then build the model and
@@ -19,17 +19,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.optimizer import OptimizerConfig, distrib_optimizer, get_megatron_optimizer
-from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.core.transformer import TransformerConfig
+from megatron.core.optimizer import distrib_optimizer
 
 import megatron_npu  # noqa: F401  (the only change to a GPU script)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-from gpu_style_gpt import GBS, MBS, SEQ, VOCAB, batches, load_full_weights  # noqa: E402
+from gpu_style_gpt import gpt_model, load_full_weights, model_config, train, wrap  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
@@ -45,77 +40,10 @@ def parse() -> argparse.Namespace:
 
 
 def build(args: argparse.Namespace, seed: int):
-    """Model (tied embeddings, as the fixture's --tied), DDP wrapper and optimizer."""
+    """The fixture's model (tied embeddings, as its --tied), DDP wrapper and optimizer, from ``seed``."""
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
-    config = TransformerConfig(
-        num_layers=4,
-        hidden_size=64,
-        num_attention_heads=4,
-        ffn_hidden_size=256,
-        tensor_model_parallel_size=args.tp,
-        pipeline_model_parallel_size=args.pp,
-        pipeline_dtype=torch.float32,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-    )
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(),
-        vocab_size=VOCAB,
-        max_sequence_length=SEQ,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=True,
-        position_embedding_type="learned_absolute",
-    )
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, use_distributed_optimizer=args.dist_opt, overlap_grad_reduce=args.dist_opt
-    )
-    model = DistributedDataParallel(config, ddp_config, model)
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(
-            optimizer="adam", lr=1e-3, weight_decay=0.01, clip_grad=1.0, use_distributed_optimizer=args.dist_opt
-        ),
-        [model],
-    )
-    config.no_sync_func = model.no_sync
-    config.finalize_model_grads_func = finalize_model_grads
-    return model, optimizer
-
-
-def train(model, optimizer, steps: range) -> list[float]:
-    dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
-    forward_backward = get_forward_backward_func()
-
-    def forward_step(data_iterator, model):
-        batch = next(data_iterator)
-        output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
-
-        def loss_func(output_tensor):
-            loss = (output_tensor.float() * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
-            return loss, {"lm loss": loss.detach().clone()}
-
-        return output, loss_func
-
-    losses = []
-    for step in steps:
-        model.zero_grad_buffer()
-        optimizer.zero_grad()
-        reports = forward_backward(
-            forward_step_func=forward_step,
-            data_iterator=batches(step, dp_rank, dp),
-            model=[model],
-            num_microbatches=GBS // (MBS * dp),
-            seq_length=SEQ,
-            micro_batch_size=MBS,
-            forward_only=False,
-        )
-        optimizer.step()
-        if parallel_state.is_pipeline_last_stage():
-            local = torch.stack([r["lm loss"] for r in reports]).mean()
-            dist.all_reduce(local, group=parallel_state.get_data_parallel_group())
-            losses.append((local / dp).item())
-    return losses
+    config = model_config(args.tp, args.pp)
+    return wrap(config, gpt_model(config, tied=True), args.dist_opt)
 
 
 def sharded(model, optimizer, is_loading: bool) -> dict:

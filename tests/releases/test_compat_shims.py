@@ -1,0 +1,84 @@
+"""megatron_npu.compat's shims, on the installed megatron-core (0.16.1) with stand-ins for the other releases'
+APIs (the release matrix runs them on the real ones). No process is started."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+
+import pytest
+
+from megatron_npu.compat import ReleaseGap, release_config
+from megatron_npu.compat.core import call_with_vp_stage
+from megatron_npu.compat.tokenizers import names_017
+
+
+@dataclasses.dataclass
+class OldConfig:  # a dataclass of an older release: it lacks the trainer's newer fields
+    hidden_size: int = 8
+
+
+def test_release_config_leaves_out_fields_an_older_release_lacks_when_they_ask_for_nothing():
+    built = release_config(OldConfig, {"hidden_size": 16, "use_megatron_fsdp": False, "new_path": None})
+    assert built == OldConfig(hidden_size=16)
+    # the device SwiGLU seam (0.15+): the release runs the same activation unfused
+    assert release_config(OldConfig, {"use_te_activation_func": True}) == OldConfig()
+
+
+def test_release_config_refuses_a_feature_the_release_cannot_honour_in_one_line():
+    with pytest.raises(ReleaseGap) as refused:
+        release_config(OldConfig, {"use_megatron_fsdp": True})
+    message = str(refused.value)
+    assert "OldConfig.use_megatron_fsdp (set to True)" in message and "megatron-core 0." in message
+    assert "\n" not in message
+
+
+def test_vp_stage_is_passed_where_taken_left_out_without_virtual_stages_and_refused_with_them():
+    def with_vp(config, vp_stage=None):
+        return ("new", config, vp_stage)
+
+    def without_vp(config):  # 0.12's signature
+        return ("old", config)
+
+    assert call_with_vp_stage(with_vp, 1, vp_stage=2) == ("new", 1, 2)
+    assert call_with_vp_stage(without_vp, 1, vp_stage=None) == ("old", 1)
+    with pytest.raises(ReleaseGap, match="num-layers-per-virtual-pipeline-stage"):
+        call_with_vp_stage(without_vp, 1, vp_stage=0)
+
+
+def test_tokenizer_arguments_get_0_17s_names_with_the_same_meaning():
+    args = argparse.Namespace(
+        tokenizer_type="HuggingFaceTokenizer",
+        tokenizer_special_tokens=("<a>",),
+        tokenizer_metadata="meta.json",
+        tokenizer_hf_use_fast=True,
+        tokenizer_hf_include_special_tokens=False,
+    )
+    renamed = names_017(args)
+    assert renamed.special_tokens == ["<a>"] and renamed.metadata_path == "meta.json"
+    assert renamed.tokenizer_hf_no_use_fast is False and renamed.tokenizer_hf_no_include_special_tokens is True
+    assert renamed.pad_vocab_size is False and renamed.padded_vocab_size is None  # the trainer pads
+    assert not hasattr(args, "special_tokens")  # a copy: the trainer's namespace is untouched
+
+
+def test_the_mlp_submodules_of_a_spec_and_of_0_18s_builder_are_the_same_object():
+    from megatron.core.transformer.mlp import MLP, MLPSubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    from megatron_npu.compat.specs import mlp_submodules
+
+    submodules = MLPSubmodules()
+    assert mlp_submodules(ModuleSpec(module=MLP, submodules=submodules)) is submodules
+    assert mlp_submodules(functools.partial(MLP, submodules=submodules)) is submodules
+
+
+def test_the_installed_release_keeps_its_own_apis():
+    from megatron.core.models import backends
+    from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
+
+    from megatron_npu.compat import core_tokenizer_builder, parallel_state
+    from megatron_npu.compat.specs import LocalSpecProvider
+
+    assert LocalSpecProvider is backends.LocalSpecProvider and core_tokenizer_builder() is build_tokenizer
+    assert callable(parallel_state.get_tensor_model_parallel_world_size)  # megatron-core's, through the proxy
