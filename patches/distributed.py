@@ -205,7 +205,7 @@ for _module in ("torch.distributed", "torch.distributed.distributed_c10d"):
 PARALLEL_STATE = "megatron.core.parallel_state"
 
 
-def _groups_megatron_created() -> list[Any]:
+def groups_megatron_created() -> list[Any]:
     """The groups this rank belongs to that parallel_state.create_group made (its own list)."""
     parallel_state = __import__(PARALLEL_STATE, fromlist=["_global_process_group_list"])
     return [group for group in parallel_state._global_process_group_list or () if group is not None]
@@ -223,7 +223,7 @@ def _release_keys(group: Any) -> tuple[str, str]:
     return key, key + "/all"
 
 
-def _destroy(groups: list[Any]) -> int:
+def destroy_when_released(groups: list[Any]) -> int:
     """Destroy ``groups`` once every member has released them.
 
     A gloo group that connects lazily may still be connecting on one member while another, done
@@ -269,9 +269,9 @@ def _destroy(groups: list[Any]) -> int:
 def _destroy_released_groups(original: Callable, accelerator: Accelerator) -> Callable:
     @functools.wraps(original)
     def destroy_model_parallel(*args: Any, **kwargs: Any) -> Any:
-        released = _groups_megatron_created()
+        released = groups_megatron_created()
         result = original(*args, **kwargs)
-        _destroy(released)
+        destroy_when_released(released)
         return result
 
     return destroy_model_parallel

@@ -78,3 +78,29 @@ def _torch_optimizer_lr(original: Callable, accelerator: Accelerator) -> Callabl
             config.lr = None
 
     return build
+
+
+# The three CUDA extensions forward_fused_softmax imports (causal, masked, unmasked).
+SOFTMAX_EXTENSIONS = ("scaled_upper_triang_masked_softmax_cuda", "scaled_masked_softmax_cuda", "scaled_softmax_cuda")
+
+
+@register(
+    "fusions.fused_softmax.FusedScaleMaskSoftmax.is_kernel_available.extension",
+    "megatron.core.fusions.fused_softmax:FusedScaleMaskSoftmax.is_kernel_available",
+    reason="chooses the fused softmax by shape alone and then imports its CUDA extension: ModuleNotFoundError "
+    "'scaled_masked_softmax_cuda' wherever it is not built (transformer/moe/test_upcycling.py, masked_softmax_"
+    "fusion on by default in Megatron-LM's arguments); without the extensions the kernel is not available, so "
+    "megatron-core's own torch softmax runs",
+    subsystem=SUBSYSTEM,
+    megatron_versions=VERIFIED,
+)
+def _softmax_kernel_needs_extension(original: Callable, accelerator: Accelerator) -> Callable:
+    import importlib.util
+
+    built = all(importlib.util.find_spec(name) is not None for name in SOFTMAX_EXTENSIONS)
+
+    @functools.wraps(original)
+    def is_kernel_available(self: Any, *args: Any, **kwargs: Any) -> bool:
+        return built and original(self, *args, **kwargs)
+
+    return is_kernel_available

@@ -7,6 +7,7 @@ tested on machines with no accelerator.
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import sys
 import time
@@ -110,9 +111,12 @@ class CpuAccelerator(Accelerator):
         return True
 
     def device_count(self) -> int:
-        # One logical device per process: torchrun binds LOCAL_RANK to "device"
-        # LOCAL_RANK, so any local rank is a valid index.
-        return 1 << 16
+        # One logical device per local process, as a GPU node runs one process per device:
+        # torchrun binds LOCAL_RANK to "device" LOCAL_RANK. Scripts compare the count with their
+        # world (megatron-core's tests skip "requires world_size=8" on any other answer); without
+        # a launcher's LOCAL_WORLD_SIZE any index is valid.
+        local_world = os.environ.get("LOCAL_WORLD_SIZE", "")
+        return int(local_world) if local_world.isdigit() and int(local_world) > 0 else 1 << 16
 
     def current_device(self) -> int:
         return self._current

@@ -55,6 +55,10 @@ def _limit(pattern: str, capability: str, reason: str) -> ExpectedFailure:
 _TP = "tests/unit_tests/tensor_parallel"
 _PP = "tests/unit_tests/pipeline_parallel"
 _DIST = "tests/unit_tests/distributed"
+_TR = "tests/unit_tests/transformer"
+_TE_IMPORT = "imports transformer_engine at module level"
+_TE_MOCK = "its layer spec names TE modules (TELinear, TENorm, TEDotProductAttention): placeholders without TE"
+_BIK = "batch_invariant_mode: megatron-core's batch-invariant kernels are triton (CUDA) kernels"
 _TE_SPEC = "builds megatron-core's Transformer Engine layer spec (TESpecProvider / TENorm)"
 _CUDAGRAPH_RNG = "cudagraph-safe RNG (use_cudagraphable_rng) is a CUDA-graph generator"
 EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
@@ -66,6 +70,41 @@ EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
     _te(f"{_PP}/test_fine_grained_activation_offloading.py::*", _TE_SPEC),
     _te(f"{_DIST}/test_finalize_model_grads.py::TestAllReduceLNGrads::*", _TE_SPEC),
     _te(f"{_DIST}/megatron_fsdp/test_mfsdp_fully_shard.py", "imports transformer_engine at module level"),
+    _te(f"{_TR}/test_cuda_graphs.py", _TE_IMPORT),
+    _te(f"{_TR}/test_multi_latent_attention.py", _TE_IMPORT),
+    _te(f"{_TR}/test_spec_customization.py", _TE_IMPORT),
+    _te(f"{_TR}/test_attention.py::TestParallelAttention::*", _TE_SPEC),
+    _te(f"{_TR}/test_attention.py::TestSelfAttention::*", _TE_SPEC),
+    _te(f"{_TR}/test_attention_no_rope.py::*", _TE_SPEC),
+    _te(f"{_TR}/test_attention_packed_seq.py::*", _TE_SPEC),
+    _te(f"{_TR}/test_attention_variant_dsa.py::TestDSAIndexer::*", _TE_MOCK),
+    _te(f"{_TR}/test_attention_variant_dsa.py::TestDSAttention::*", _TE_MOCK),
+    _te(f"{_TR}/test_attention_variant_dsa.py::TestIndexerTensorParallel::*", _TE_MOCK),
+    _te(f"{_TR}/test_attention_variant_dsa.py::TestDSAttentionTensorParallel::*", _TE_MOCK),
+    _te(f"{_TR}/test_multi_token_prediction.py::TestMultiTokenPredictionLayer::test_constructor_ues_te*", _TE_SPEC),
+    _te(f"{_TR}/test_rope.py::TestQKVRotaryEmbedding::test_constructor", "apply_rope_fusion needs TE >= 1.4"),
+    _te(f"{_TR}/test_te_layers_batch_invariant.py::test_te_*", "TE layers (TEColumnParallelLinear, TENorm, ...)"),
+    _cuda(f"{_TR}/test_te_layers_batch_invariant.py::test_column_parallel_linear_batch_invariant_randomized", _BIK),
+    _cuda(f"{_TR}/test_te_layers_batch_invariant.py::test_bik_te_general_gemm_chunking_deterministic*", _BIK),
+    _te(f"{_TR}/test_transformer_block.py::TestParallelTransformerBlock::*", _TE_SPEC),
+    _te(f"{_TR}/test_transformer_block.py::TestProcessGroupTransformerBlock::*", _TE_SPEC),
+    _te(f"{_TR}/test_transformer_block.py::TestMixedProcessGroups::*", _TE_SPEC),
+    _te(
+        f"{_TR}/test_transformer_block.py::TestPipelineParallelLayoutTransformerBlock::test_layout_layer_number*",
+        _TE_SPEC,
+    ),
+    _te(f"{_TR}/test_transformer_block_custom_pgs.py::*::test_params_and_grads_match_transformer_block*", _TE_SPEC),
+    _te(f"{_TR}/test_transformer_block_custom_pgs.py::*::test_fwd_bwd_pass_non_uniform_transformer_block*", _TE_MOCK),
+    _te(f"{_TR}/test_transformer_block_custom_pgs.py::*::test_fwd_bwd_pass_mix_and_match*", _TE_SPEC),
+    _te(f"{_TR}/test_transformer_block_custom_pgs.py::*::test_mlp_with_custom_pgs*", _TE_MOCK),
+    _te(f"{_TR}/test_transformer_layer.py::*", _TE_SPEC),
+    _te(f"{_TR}/test_utils.py::TestGPTModel::*", _TE_SPEC),
+    _te(f"{_TR}/moe/test_grouped_mlp.py::TestParallelGroupedMLP::*", _TE_SPEC),
+    _te(f"{_TR}/moe/test_moe_layer_discrepancy.py::TestMoELayerDispatcherDiscrepancy::*", _TE_SPEC),
+    _cuda(
+        f"{_TR}/moe/test_moe_layer.py::TestMoELayerInit::test_legacy_moe_layer[[]True-*",
+        "moe_grouped_gemm: nv-grouped-gemm (CUDA kernels) is not installed",
+    ),
     _te(
         f"{_PP}/test_pipeline_layout.py::test_forward_vpp*",
         "gpt_te_spec / the TE decoder block spec (TENorm); the parameters after the first then fail on the "
@@ -76,7 +115,15 @@ _HOST_RNG = (
     "seeds the host RNG and the device RNG apart (torch.manual_seed(42), model_parallel_cuda_manual_seed(41)) "
     "and expects use_cpu_initialization's draws to follow the host seed alone"
 )
+_DEVICE_NAME = "asserts tensor.device.type == 'cuda' after .cuda(): on the cpu target the device is the host"
 TARGET_LIMITS: tuple[ExpectedFailure, ...] = (
+    _limit(f"{_TR}/test_mlp.py::TestParallelMLP::test_gpu_forward", "runs_on_host", _DEVICE_NAME),
+    _limit(f"{_TR}/test_rope.py::TestMultimodalRotaryEmbedding::*", "runs_on_host", _DEVICE_NAME),
+    _limit(f"{_TR}/test_rope.py::TestRotaryEmbedding::*", "runs_on_host", _DEVICE_NAME),
+    _limit(
+        f"{_TR}/moe/test_sequential_mlp.py::TestParallelSequentialMLP::test_gpu_forward", "runs_on_host", _DEVICE_NAME
+    ),
+    _limit(f"{_TR}/moe/test_shared_experts.py::TestSharedExperts*::test_gpu_forward*", "runs_on_host", _DEVICE_NAME),
     _limit(f"{_TP}/test_initialization.py::Test::test_embedding_init", "device_rng_is_host_rng", _HOST_RNG),
     _limit(f"{_TP}/test_initialization.py::Test::test_row_init", "device_rng_is_host_rng", _HOST_RNG),
     _limit(f"{_TP}/test_initialization.py::Test::test_col_init", "device_rng_is_host_rng", _HOST_RNG),

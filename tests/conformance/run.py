@@ -62,12 +62,13 @@ def _environment(out: Path, timeout: float, deselect: Path) -> dict[str, str]:
     return env
 
 
-def _command(folder: str, nproc: int) -> list[str]:
+def _command(folder: str, nproc: int, ignore: list[str] = ()) -> list[str]:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
     torchrun += ["--master_addr", "127.0.0.1", "--master_port", str(_free_port())]
     pytest = ["-m", "pytest", "-p", "conformance_plugin", "-p", "no:cacheprovider", "-q", "-m", MARKERS]
     # Upstream's addopts stop at the first failure (-x) and at a collection error: a table needs all.
     pytest += ["--maxfail", "1000000", "--continue-on-collection-errors"]
+    pytest += [f"--ignore=tests/unit_tests/{path}" for path in ignore]
     return [*torchrun, *pytest, f"tests/unit_tests/{folder}"]
 
 
@@ -75,7 +76,7 @@ def _launch(root: Path, folder: str, out: Path, args: argparse.Namespace, desele
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "job.log", "w") as log:
         process = subprocess.Popen(
-            _command(folder, args.nproc),
+            _command(folder, args.nproc, args.ignore),
             cwd=root,
             env=_environment(out, args.timeout, deselect),
             stdout=log,
@@ -102,19 +103,34 @@ def _job_failure(folder: str, log: Path) -> TestResult:
     return TestResult(folder, "error", message="job ended before any test: " + " / ".join(lines[:3]), detail=str(log))
 
 
+def _earlier_attempts(directory: Path) -> tuple[list[dict], float, int]:
+    """Records, seconds and count of the attempts an earlier (killed) run left in ``directory``; a test
+    some rank was still running when that run was killed (a crash record) runs again."""
+    attempts = sorted(directory.glob("attempt*"), key=lambda path: int(path.name.removeprefix("attempt")))
+    records = [record for attempt in attempts for record in read_records(attempt)]
+    killed = {nodeid for nodeid, result in merge(records).items() if result.outcome == "crash"}
+    seconds = sum(float((a / "seconds.txt").read_text()) for a in attempts if (a / "seconds.txt").exists())
+    return [record for record in records if record["nodeid"] not in killed], seconds, len(attempts)
+
+
 def run_folder(root: Path, folder: str, args: argparse.Namespace) -> FolderReport:
     report = FolderReport(folder)
     slug = folder.replace("/", "__")
     records: list[dict] = []
-    done: set[str] = set()
+    earlier_seconds, first = 0.0, 0
+    if args.resume:
+        records, earlier_seconds, first = _earlier_attempts(args.out / slug)
+    done: set[str] = set(merge(records))
     start = time.monotonic()
-    for attempt in range(MAX_ATTEMPTS):
+    for attempt in range(first, first + MAX_ATTEMPTS):
         out = args.out / slug / f"attempt{attempt}"
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         deselect = out / "deselect.txt"
         deselect.write_text("\n".join(sorted(done)))
+        attempt_start = time.monotonic()
         returncode = _launch(root, folder, out, args, deselect)
+        (out / "seconds.txt").write_text(f"{time.monotonic() - attempt_start:.1f}")
         new = read_records(out)
         records.extend(new)
         report.attempts = attempt + 1
@@ -125,7 +141,7 @@ def run_folder(root: Path, folder: str, args: argparse.Namespace) -> FolderRepor
         if not stuck or stuck <= done:
             break
         done |= set(merge(new))
-    report.seconds = time.monotonic() - start
+    report.seconds = earlier_seconds + time.monotonic() - start
     report.results.update(merge(records))
     return report
 
@@ -144,6 +160,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--nproc", type=int, default=8, help="ranks, as upstream (8)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one test may take (then: hang)")
     parser.add_argument("--job-timeout", type=float, default=4 * 3600.0, help="seconds one torchrun job may take")
+    parser.add_argument("--ignore", action="append", default=[], help="a path under tests/unit_tests not to run")
+    parser.add_argument("--resume", action="store_true", help="keep the attempts already in --out, run the rest")
     parser.add_argument("--rejudge", action="store_true", help="judge the records already in --out, run nothing")
     parser.add_argument("--out", type=Path, default=WORKDIR / "results", help="records, logs, table.md")
     return parser.parse_args(argv)

@@ -105,3 +105,27 @@ def test_the_gloo_fixes_are_capabilities_of_the_cpu_target_only(name):
 
     assert CpuAccelerator().capability(name) is True
     assert CudaAccelerator.__new__(CudaAccelerator).capability(name) is False
+
+
+def test_the_cpu_target_has_one_device_per_local_process(monkeypatch):
+    """transformer/test_transformer_block_custom_pgs.py: 24 tests skipped on 'requires world_size=8, but got
+    65536' (torch.cuda.device_count(), compared with the 8 ranks on the node)."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert torch.cuda.device_count() == 8
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert torch.cuda.device_count() > 8  # no launcher: any local rank is a valid index
+
+
+def test_fused_softmax_without_its_cuda_extension_runs_megatron_cores_torch_softmax():
+    """transformer/moe/test_upcycling.py::test_upcycling_Local: ModuleNotFoundError 'scaled_masked_softmax_cuda'."""
+    from megatron.core.fusions.fused_softmax import FusedScaleMaskSoftmax
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.utils import attention_mask_func
+
+    softmax = FusedScaleMaskSoftmax(True, False, AttnMaskType.causal, True, attention_mask_func, True, None)
+    scores = torch.randn(2, 4, 32, 32).half()  # shapes the fused kernel takes: fp16, 16 < sk <= 4096, /4
+    assert softmax.is_kernel_available(None, 2, 4, 32, 32) is False
+    probs = softmax(scores, None)
+    causal = torch.triu(torch.ones(32, 32, dtype=torch.bool), diagonal=1)
+    expected = torch.softmax(scores.float().masked_fill(causal, -10000.0), dim=-1).half()
+    torch.testing.assert_close(probs, expected)
