@@ -13,6 +13,7 @@ from __future__ import annotations
 from .configs import release_config
 from .core import (
     ReleaseGap,
+    check_checkpoint_support,
     get_batch_on_this_cp_rank,
     moe_layer_wise_logging_tracker,
     squared_relu,
@@ -23,6 +24,7 @@ from .tokenizers import core_tokenizer_builder
 
 __all__ = [
     "ReleaseGap",
+    "check_checkpoint_support",
     "core_tokenizer_builder",
     "get_batch_on_this_cp_rank",
     "moe_layer_wise_logging_tracker",

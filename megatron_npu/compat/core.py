@@ -103,3 +103,20 @@ def get_batch_on_this_cp_rank(batch: dict, **kwargs: Any) -> dict:
     if "cp_group" in parameters:
         kwargs.setdefault("cp_group", parallel_state.get_context_parallel_group())
     return utils.get_batch_on_this_cp_rank(batch, **kwargs)
+
+
+def check_checkpoint_support(distributed_optimizer: bool) -> None:
+    """What this trainer's checkpoints need from megatron-core (checkpoint_format.py), asked at start-up so
+    a run never trains to its first save to fail there: ``dist_checkpointing.save`` taking content metadata
+    (0.13+), and with the distributed optimizer its ``fully_reshardable`` layout (0.15+). ``ReleaseGap``
+    where the installed release lacks either."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    if "content_metadata" not in inspect.signature(dist_checkpointing.save).parameters:
+        raise gap("dist_checkpointing with content metadata (this trainer's checkpoints)", "drop --save / --load")
+    if distributed_optimizer and not hasattr(DistributedOptimizer, "checkpoint_fully_reshardable_formats"):
+        raise gap(
+            "the distributed optimizer's fully reshardable checkpoint layout",
+            "drop --use-distributed-optimizer, or --save / --load",
+        )

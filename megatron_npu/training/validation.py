@@ -351,6 +351,13 @@ def _check_saving(args: argparse.Namespace) -> None:
         args.save_interval is None or args.save_retain_interval % args.save_interval != 0
     ):
         raise ConfigError("--save-retain-interval must be a multiple of --save-interval")
+    if (args.save or args.load) and args.ckpt_format == "torch_dist":
+        from megatron_npu.compat import ReleaseGap, check_checkpoint_support
+
+        try:  # megatron-core 0.12-0.14 lack parts of the format: said now, not at the first save
+            check_checkpoint_support(bool(args.use_distributed_optimizer))
+        except ReleaseGap as gap:
+            raise ConfigError(str(gap)) from None
 
 
 def _check_overlap(args: argparse.Namespace) -> None:

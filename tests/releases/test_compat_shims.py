@@ -82,3 +82,30 @@ def test_the_installed_release_keeps_its_own_apis():
 
     assert LocalSpecProvider is backends.LocalSpecProvider and core_tokenizer_builder() is build_tokenizer
     assert callable(parallel_state.get_tensor_model_parallel_world_size)  # megatron-core's, through the proxy
+
+
+def test_a_release_without_the_checkpoint_format_refuses_save_and_load_at_start_up(monkeypatch, tmp_path):
+    """0.12's dist_checkpointing.save takes no content metadata, 0.13-0.14 have no fully reshardable
+    distributed-optimizer layout: said in one line before training, never at the first save."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    from megatron_npu.policy import ConfigError
+    from megatron_npu.training.arguments import parse_args
+
+    base = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2", "--seq-length", "8"]
+    base += ["--max-position-embeddings", "8", "--micro-batch-size", "1", "--train-iters", "2", "--lr", "1e-3"]
+    base += ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64"]
+    saving = ["--save", str(tmp_path), "--save-interval", "1"]
+    parse_args([*base, *saving, "--use-distributed-optimizer"], world_size=1, check_paths=False)  # 0.16.1 has both
+
+    monkeypatch.delattr(DistributedOptimizer, "checkpoint_fully_reshardable_formats")
+    with pytest.raises(ConfigError, match=r"fully reshardable .* megatron-core 0\.\d+\.\d+: drop"):
+        parse_args([*base, *saving, "--use-distributed-optimizer"], world_size=1, check_paths=False)
+    parse_args([*base, *saving], world_size=1, check_paths=False)  # without it the format is complete
+
+    monkeypatch.setattr(dist_checkpointing, "save", lambda sharded_state_dict, checkpoint_dir: None)
+    with pytest.raises(ConfigError, match=r"content metadata .* drop --save / --load") as refused:
+        parse_args([*base, "--load", str(tmp_path)], world_size=1, check_paths=False)
+    assert "\n" not in str(refused.value)
+    parse_args(base, world_size=1, check_paths=False)  # nothing saved or loaded: nothing asked
