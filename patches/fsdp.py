@@ -296,3 +296,46 @@ register(
     "no_shard without --overlap-grad-reduce no gradient is reduced over DP (silent); each buffer is reduced",
     subsystem=SUBSYSTEM,
 )(lambda original, accelerator: all_reduce_every_gradient_buffer(original))
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple:
+    return tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape)
+
+
+def match_dtensor_params_by_storage(original: Callable) -> Callable:
+    """``get_param_id_to_sharded_param_map`` that also finds DTensor parameters (torch FSDP2's).
+
+    megatron-core matches an optimizer parameter with the model's sharded tensor by the Python identity of
+    the local tensor each side took with ``DTensor.to_local()``; from torch 2.x that call returns a new view
+    object each time (measured on torch 2.13 under no_grad), so no FSDP2 parameter matches and the save
+    raises "Param id 0 does not match any model sharded param". Parameters left unmatched are matched by
+    the storage, offset and shape of their local shard: the same memory, whichever view names it.
+    """
+    module = sys.modules[original.__module__]
+
+    @functools.wraps(original)
+    def get_param_id_to_sharded_param_map(model_sharded_state_dict: Any, optim_params_iter: Any) -> dict:
+        params = list(optim_params_iter)
+        found = original(model_sharded_state_dict, params)
+        if len(found) == len(params):
+            return found
+        tensors, _ = module.extract_sharded_tensors_and_factories(model_sharded_state_dict)
+        by_storage = {_storage_key(ten.data): ten for ten in module.nested_values(tensors) if torch.is_tensor(ten.data)}
+        for index, param in enumerate(params):
+            local = getattr(param, "_local_tensor", None)
+            if index not in found and local is not None and _storage_key(local) in by_storage:
+                found[index] = by_storage[_storage_key(local)]
+        return found
+
+    return get_param_id_to_sharded_param_map
+
+
+register(
+    "dist_checkpointing.optimizer.get_param_id_to_sharded_param_map.dtensor_storage",
+    "megatron.core.dist_checkpointing.optimizer:get_param_id_to_sharded_param_map",
+    megatron_versions=VERSIONS,
+    reason="matches optimizer parameters with the model's sharded tensors by the identity of DTensor.to_local() "
+    "views, a new object per call on current torch: torch FSDP2's checkpoints fail ('Param id 0 does not match "
+    "any model sharded param'); unmatched DTensor parameters are matched by their local shard's storage",
+    subsystem=SUBSYSTEM,
+)(lambda original, accelerator: match_dtensor_params_by_storage(original))

@@ -320,7 +320,9 @@ def _load_dist_checkpoint(
         sharded["rng_state"] = _rng_object(per_dp_rank=False, by_dp=saved.rng_by_dp)
     loaded = dist_checkpointing.load(sharded, directory, strict=args.dist_ckpt_strictness)
     for key, chunk in zip(_model_keys(model), model, strict=True):
-        unwrap_model(chunk).load_state_dict(loaded[key])
+        # FSDP2: the load wrote into the parameters' own shards; its wrapper's load_state_dict is the no-op
+        # Megatron-LM calls (the module's would want whole DTensors)
+        (chunk if args.use_torch_fsdp2 else unwrap_model(chunk)).load_state_dict(loaded[key])
     return loaded
 
 
@@ -368,6 +370,7 @@ def _without_dp(layout: dict[str, int | None]) -> dict[str, int | None]:
 def _load_optimizer(loaded: dict, common: dict, optimizer: Any, scheduler: Any, directory: str) -> None:
     saved = saved_optimizer_count(common.get("optimizer"))  # MoE: 1 under EP1, 2 under EP > 1
     optimizer.load_state_dict(adapt_optimizer_state(loaded["optimizer"], optimizer, saved))
+    fsdp.optimizer_state_as_dtensors(optimizer)  # FSDP2's parameters are DTensors; the loaded state is local
     try:
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
     except AssertionError as error:  # megatron-core asserts on a changed schedule; say which flags

@@ -6,7 +6,8 @@ capability in patches/fsdp.py; the flags and their rules are in fsdp_args.py.
 
 Checkpoints: Megatron-FSDP's are ``--ckpt-format fsdp_dtensor`` (torch.distributed.checkpoint
 over the DTensor state dicts: ``save_checkpoint`` / ``load_checkpoint`` here, called by
-checkpointing.py inside its atomic save). FSDP2 runs do not save yet (fsdp_args.py refuses it).
+checkpointing.py inside its atomic save). FSDP2's are ``torch_dist``, loaded in place into its shards
+(``optimizer_state_as_dtensors`` puts the optimizer state back in DTensors).
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from megatron.core import parallel_state
 from megatron_npu.training.config import ddp_config
 from megatron_npu.training.fsdp_args import MEGATRON_FSDP_FORMAT
 
-__all__ = ["MEGATRON_FSDP_FORMAT", "wrap", "save_checkpoint", "load_checkpoint", "read_common"]
+__all__ = [
+    "MEGATRON_FSDP_FORMAT",
+    "wrap",
+    "save_checkpoint",
+    "load_checkpoint",
+    "read_common",
+    "optimizer_state_as_dtensors",
+]
 
 # Megatron-LM's optimizer content metadata for Megatron-FSDP checkpoints (its
 # _build_sharded_state_dict_metadata under --ckpt-format fsdp_dtensor)
@@ -143,3 +151,29 @@ def load_checkpoint(
         (states,) = state["rng_state"].values()
         state["rng_state"] = states[0]
     return state
+
+
+def optimizer_state_as_dtensors(optimizer: Any) -> None:
+    """Each loaded optimizer state tensor of a DTensor parameter (torch FSDP2) as a DTensor laid out like it.
+
+    dist-checkpointing loads the optimizer's state as the local shards it saved (megatron-core's
+    ``make_sharded_optimizer_tensor`` takes ``to_local()`` of each), and torch's ``load_state_dict`` keeps
+    them as plain tensors: Adam's first step after a resume then mixes DTensor parameters with plain
+    state ("aten.lerp_ got mixed torch.Tensor and DTensor"). No-op for every other parameter."""
+    from torch.distributed.tensor import DTensor
+
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_optimizer = getattr(inner, "optimizer", inner)
+        for param, state in torch_optimizer.state.items():
+            if not isinstance(param, DTensor):
+                continue
+            for key, value in state.items():
+                if torch.is_tensor(value) and not isinstance(value, DTensor) and value.shape == param.to_local().shape:
+                    state[key] = DTensor.from_local(
+                        value,
+                        param.device_mesh,
+                        param.placements,
+                        run_check=False,
+                        shape=param.shape,
+                        stride=param.stride(),
+                    )

@@ -5,9 +5,8 @@ ConfigError naming the flag, raised before any process group exists.
 Two implementations, as in Megatron-LM: ``--use-megatron-fsdp`` (megatron-core's Megatron-FSDP,
 sharding by ``--data-parallel-sharding-strategy``; its checkpoints are ``--ckpt-format
 fsdp_dtensor``) and ``--use-torch-fsdp2`` (torch's ``fully_shard`` through megatron-core's
-TorchFullyShardedDataParallel; Megatron-LM saves it ``--ckpt-format torch_dist``, which this trainer
-cannot yet: refused with ``--save``/``--load``). The FSDP flags this trainer cannot
-honour (HSDP, NCCL user buffers, double buffering) are refused by ``policy.py``'s rows. Pure
+TorchFullyShardedDataParallel; saved ``--ckpt-format torch_dist``, as Megatron-LM saves it). The FSDP
+flags this trainer cannot honour (HSDP, NCCL user buffers, double buffering) are refused by ``policy.py``'s rows. Pure
 Python: the migration tool imports the parser.
 """
 
@@ -77,12 +76,6 @@ def _check_torch_fsdp2(args: argparse.Namespace) -> None:
         (args.untie_embeddings_and_output_weights, "requires --untie-embeddings-and-output-weights"),
         (not args.fp16, "is not supported with --fp16: use --bf16"),
         (args.context_parallel_size == 1, "is not supported with context parallelism by this trainer: use CP 1"),
-        (
-            args.save is None and args.load is None,
-            "cannot save or load checkpoints in this trainer yet (megatron-core 0.16.1's optimizer does not find "
-            "FSDP2's DTensor parameters among the model's torch_dist shards: 'Param id 0 does not match any model "
-            "sharded param'): drop --save/--load, or use --use-megatron-fsdp",
-        ),
     )
     for holds, why in rules:
         if not holds:

@@ -8,8 +8,8 @@ any process group: checked in this process (fast), and once through torchrun (ev
 
 Launches (each a module-scoped run read by several tests): the 1-rank reference, Megatron-FSDP on
 2 ranks (saving), its resume on 2 ranks, a 1-rank Megatron-FSDP resume of the 2-rank checkpoint,
-Megatron-FSDP on 4 ranks, TP2 x Megatron-FSDP on 4 ranks, no_shard on 2 ranks, FSDP2 on 2 ranks,
-one bad start.
+Megatron-FSDP on 4 ranks, TP2 x Megatron-FSDP on 4 ranks, no_shard on 2 ranks, FSDP2 on 2 ranks (saving),
+its resume on 2 ranks and on 1 rank, one bad start.
 """
 
 from __future__ import annotations
@@ -67,6 +67,11 @@ def reference(tmp_path_factory) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
+def torch_fsdp2_2(tmp_path_factory) -> Path:
+    return _run(tmp_path_factory, "fsdp2_2", *TORCH_FSDP2, "--save-interval", "2", "--save", "{run}/ckpt", nproc=2)
+
+
+@pytest.fixture(scope="module")
 def megatron_fsdp_2(tmp_path_factory) -> Path:
     return _run(tmp_path_factory, "mfsdp2", *MEGATRON_FSDP, "--save-interval", "2", "--save", "{run}/ckpt", nproc=2)
 
@@ -79,7 +84,6 @@ def megatron_fsdp_2(tmp_path_factory) -> Path:
         ("megatron_fsdp_dp4", MEGATRON_FSDP, 4),
         ("tp2_megatron_fsdp_dp2", [*MEGATRON_FSDP, "--tensor-model-parallel-size", "2", *OPTIM_GRADS], 4),
         ("megatron_fsdp_no_shard_dp2", [*MEGATRON_FSDP, *NO_SHARD], 2),
-        ("torch_fsdp2_dp2", TORCH_FSDP2, 2),
     ],
 )
 def test_fsdp_trains_the_one_rank_losses(reference, tmp_path_factory, name, flags, nproc):
@@ -118,6 +122,21 @@ def test_a_megatron_fsdp_checkpoint_trains_on_under_another_dp_size(reference, m
     _assert_same_losses(train_losses(resumed), reference, [3, 4], rel=1e-5)
 
 
+@pytest.mark.launch
+def test_torch_fsdp2_trains_the_one_rank_losses_and_resumes_exactly_under_any_dp(
+    reference, torch_fsdp2_2, tmp_path_factory
+):
+    """FSDP2 saves torch_dist (megatron-core's optimizer finds its DTensor parameters through
+    patches/fsdp.py; the loaded optimizer state becomes DTensors again): 2 ranks resume their own
+    iteration-2 checkpoint bit for bit, 1 rank trains on from it with the 1-rank losses."""
+    _assert_same_losses(train_losses(torch_fsdp2_2), reference, ITERATIONS, 1e-5)
+    root = checkpoint_at(torch_fsdp2_2 / "ckpt", 2, tmp_path_factory.mktemp("fsdp2_root"))
+    resumed = _run(tmp_path_factory, "fsdp2_resumed", *TORCH_FSDP2, "--load", str(root), nproc=2)
+    _assert_same_losses(train_losses(resumed), train_losses(torch_fsdp2_2), [3, 4], rel=0)
+    one_rank = _run(tmp_path_factory, "fsdp2_1_from_2", *TORCH_FSDP2, "--load", str(root), nproc=1)
+    _assert_same_losses(train_losses(one_rank), reference, [3, 4], rel=1e-5)
+
+
 # ---- bad combinations --------------------------------------------------------------------------
 BASE = [*MODEL, *MOCK_DATA, *COMMON]
 BAD = {
@@ -146,11 +165,6 @@ BAD = {
         [*TORCH_FSDP2, "--ckpt-format", "fsdp_dtensor"],
         2,
         "--ckpt-format fsdp_dtensor is Megatron-FSDP's checkpoint format",
-    ),
-    "fsdp2 saving": (
-        [*TORCH_FSDP2, "--save", "/nonexistent/ckpt", "--save-interval", "2"],
-        2,
-        "--use-torch-fsdp2 cannot save or load checkpoints in this trainer yet",
     ),
     "megatron-fsdp saving torch_dist": (
         ["--use-megatron-fsdp", "--use-distributed-optimizer"],
