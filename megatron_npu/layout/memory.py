@@ -140,7 +140,7 @@ def _state_bytes(
     master = 4 if model.params_dtype != "fp32" else 0  # an fp32 model's master copy is the parameter
     moments = 8 if st.optimizer == "adam" else 4  # Adam: exp_avg, exp_avg_sq; SGD: momentum
     if st.fsdp_strategy is not None:
-        return _fsdp_state_bytes(model, st, buffers)
+        return _fsdp_state_bytes(model, st.fsdp_strategy, moments, buffers)
     dist_opt = st.use_distributed_optimizer
     param_bytes = grad_bytes = opt_bytes = 0
     bucket_size = st.bucket_size
@@ -159,18 +159,18 @@ def _state_bytes(
 
 
 def _fsdp_state_bytes(
-    model: ModelSpec, st: MemorySettings, buffers: list[tuple[list[tuple[str, int]], int, int, bool, set]]
+    model: ModelSpec, strategy: str, moments: int, buffers: list[tuple[list[tuple[str, int]], int, int, bool, set]]
 ) -> tuple[int, int, int]:
     """(params, grads, optimizer) bytes under FSDP: fsdp_comm.state_bytes_per_rank of each buffer's
-    parameters over its data-parallel (x CP) group; the fp32 main weights count as optimizer state."""
+    parameters over its data-parallel (x CP) group; the fp32 main weights count as optimizer state.
+    ``moments``: the optimizer's bytes per element (_state_bytes')."""
     totals = [0, 0, 0]
-    moments = 8 if st.optimizer == "adam" else 4
     for params, dp, _, _, _ in buffers:
         if params:
             state = state_bytes_per_rank(
                 sum(n for _, n in params),
                 dp,
-                st.fsdp_strategy or "",
+                strategy,
                 DTYPE_BYTES[model.params_dtype],
                 model.grad_bytes(),
                 moment_bytes=moments,
