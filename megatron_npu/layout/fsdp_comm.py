@@ -9,6 +9,8 @@ of an all-gather is the rank's input shard, of a reduce-scatter or all-reduce th
 Per training iteration of ``microbatches`` micro-batches, for one unit of ``numel`` parameters on a
 data-parallel (x context-parallel) group of ``dp`` ranks:
 
+A unit is what is reduced and gathered in one call: plan_cp_fsdp.fsdp_units says which parameters form one.
+
 * Megatron-FSDP ``no_shard``: one gradient all-reduce (the last micro-batch's backward).
 * ``optim``: one gradient reduce-scatter (last micro-batch), one parameter all-gather after the step.
 * ``optim_grads``: a gradient reduce-scatter every micro-batch, one parameter all-gather after the step.
@@ -20,11 +22,14 @@ data-parallel (x context-parallel) group of ``dp`` ranks:
   and 4 layers): calls equal, bytes 0.2-0.4% above this model (Megatron-FSDP pads a layer's bucket
   beyond a multiple of the group size; the padding is not modelled).
 * torch FSDP2 (``fully_shard``): every micro-batch an all-gather before forward, another before backward
-  when resharded after forward (never for the root module), and a reduce-scatter.
+  when resharded after forward, and a reduce-scatter. megatron-core passes ``reshard_after_forward``
+  explicitly to every ``fully_shard``, the root's included, so torch's rule of keeping the root gathered
+  (it applies only when the argument is left unset) never holds there: the root is gathered twice too.
+  Counted with CommCounter on megatron-core 0.16.1 (cpu, gloo, DP2, 2 micro-batches, 4 layers): calls and
+  bytes equal to this model.
 
-The other strategies and FSDP2 are not checked against a run (``CommCounter`` counts none of FSDP2's
-all-gathers or reduce-scatters: torch calls them from inside torch, whose aliases it leaves alone). The per-rank state (``state_bytes_per_rank``)
-is checked against benchmarks/fsdp_memory.py's measured figures.
+The other strategies were counted the same way (plan_cp_fsdp.py gives the figures). The per-rank state
+(``state_bytes_per_rank``) is checked against benchmarks/fsdp_memory.py's measured figures.
 """
 
 from __future__ import annotations
@@ -102,7 +107,6 @@ def torch_fsdp2_unit(
     numel: int,
     dp: int,
     microbatches: int,
-    root: bool = False,
     reshard_after_forward: bool = True,
     param_bytes: int = 4,
     grad_bytes: int = 4,
@@ -114,7 +118,7 @@ def torch_fsdp2_unit(
         _gather(unit, "forward", microbatches, numel, dp, param_bytes),
         _scatter(unit, microbatches, numel, dp, grad_bytes),
     ]
-    if reshard_after_forward and not root:
+    if reshard_after_forward:
         items.append(_gather(unit, "backward", microbatches, numel, dp, param_bytes))
     return items
 

@@ -12,16 +12,19 @@ only places those calls on a rank's groups, under the labels ``CommCounter`` rec
 * FSDP's collectives on ``dp_cp`` (megatron-core hands both Megatron-FSDP and FSDP2 the data-parallel
   group with context parallelism), instead of DDP's bucket reductions.
 
-Megatron-FSDP units: each transformer layer is one unit (``optim_grads_params`` gathers it just in
-time); the embedding, final norm and output layer are one more, gathered once after the step. FSDP2
-units are megatron-core's ``TorchFullyShardedDataParallel`` defaults for the local transformer (the
-only one here: it leaves ColumnParallelLinear out): each TransformerLayer, the embedding, and the root
-(what is left: the final norm and the output layer). Checked against CommCounter on cpu runs: the CP
-ring's rows equal a TP2 x CP2 run's counted bytes (tests/perf/test_perf_report.py); Megatron-FSDP
-``optim_grads_params`` on DP2 (pretrain_gpt.py, 4 layers, 2 micro-batches) made the 27 calls planned,
-3.397 MB counted against 3.385 MB planned (bucket padding). The a2a+p2p levels, the other strategies
-and FSDP2 are unchecked (a counted FSDP2 step shows none of its all-gathers or reduce-scatters: torch
-calls them from inside torch, whose aliases CommCounter leaves alone).
+Megatron-FSDP units (``fsdp_units``): under ``optim_grads_params`` each transformer layer is one unit,
+gathered just in time, and the rest of the chunk one bucket gathered once after the step; under the
+other strategies the whole chunk is one bucket (``--ddp-bucket-size`` cuts it). FSDP2 units are
+megatron-core's ``TorchFullyShardedDataParallel`` defaults for the local transformer (the only one here:
+it leaves ColumnParallelLinear out): each TransformerLayer, the embedding, and the root (what is left:
+the final norm and the output layer). Checked against CommCounter on cpu runs (pretrain_gpt.py, 4
+layers, 2 micro-batches, DP2, fp32): the CP ring's rows equal a TP2 x CP2 run's counted bytes
+(tests/perf/test_perf_report.py); Megatron-FSDP calls counted = planned under every strategy
+(``no_shard`` 1, ``optim`` 2, ``optim_grads`` 3, and 27 with ``--ddp-bucket-size 20000``,
+``optim_grads_params`` 27), bytes equal for ``no_shard`` and 0.05-0.35% above the plan otherwise (bucket
+padding); FSDP2 37 calls and 3,758,084 bytes, counted = planned (with the gradient norm's all-reduce
+over the DTensor gradients' DP group, which the planner adds beside the model-parallel one). The
+a2a+p2p levels are unchecked.
 """
 
 from __future__ import annotations
@@ -97,17 +100,31 @@ def plan_cp(
             add(label[call.kind], call.op, what, call.calls * microbatches, call.payload, group, inter)
 
 
-def fsdp_units(params: list[tuple[str, int]], scheme: str) -> list[tuple[str, int, bool]]:
-    """(unit, numel, is a just-in-time unit) of one model chunk's (name, numel) list, in order."""
+def fsdp_units(
+    params: list[tuple[str, int]], scheme: str, bucket_size: int | None = None
+) -> list[tuple[str, int, bool]]:
+    """(unit, numel, is a just-in-time unit) of one model chunk's (name, numel) list, in order.
+
+    FSDP2: each transformer layer, the embedding, the root's rest. Megatron-FSDP makes each
+    TransformerLayer a unit only under ``optim_grads_params`` (mcore_fsdp_adapter.py); every other
+    parameter shares one bucket, cut where it reaches ``--ddp-bucket-size`` elements, if given
+    (param_and_grad_buffer.py ``_get_parameter_groups``): under ``no_shard``, ``optim`` and
+    ``optim_grads`` the whole chunk is reduced and gathered in one call each.
+    """
     units: dict[str, int] = {}
+    buckets = 0
     for name, numel in params:
         layer = _LAYER.match(name)
-        if layer is not None:
+        if layer is not None and scheme in ("torch_fsdp2", "optim_grads_params"):
             unit = f"layer {layer.group(1)}"
+        elif scheme == "torch_fsdp2":
+            unit = "embedding" if name.startswith("embedding.") else "rest"
         else:
-            unit = "embedding" if scheme == "torch_fsdp2" and name.startswith("embedding.") else "rest"
+            unit = "rest" if buckets == 0 else f"rest {buckets}"
+            if bucket_size and units.get(unit, 0) + numel >= bucket_size:
+                buckets += 1  # this parameter still joins the bucket it fills
         units[unit] = units.get(unit, 0) + numel
-    return [(unit, numel, unit != "rest") for unit, numel in units.items()]
+    return [(unit, numel, unit.startswith("layer ")) for unit, numel in units.items()]
 
 
 def plan_fsdp(
@@ -120,15 +137,15 @@ def plan_fsdp(
     group: list[int],
     inter: bool,
     add: Callable[..., None],
+    bucket_size: int | None = None,
 ) -> None:
     """One rank's FSDP collectives per iteration over the data-parallel (x CP) group, unit by unit."""
     if scheme not in FSDP_SCHEMES:
         raise ValueError(f"unknown FSDP scheme {scheme!r}; one of {', '.join(FSDP_SCHEMES)}")
     for params in chunks:
-        for unit, numel, jit in fsdp_units(params, scheme):
+        for unit, numel, jit in fsdp_units(params, scheme, bucket_size):
             if scheme == "torch_fsdp2":
-                root = not jit  # what no sub-module unit holds: the root module's own parameters
-                items = torch_fsdp2_unit(unit, numel, dp_cp, microbatches, root, True, param_bytes, grad_bytes)
+                items = torch_fsdp2_unit(unit, numel, dp_cp, microbatches, True, param_bytes, grad_bytes)
             else:
                 items = megatron_fsdp_unit(unit, numel, dp_cp, microbatches, scheme, param_bytes, grad_bytes, jit)
             for item in items:

@@ -560,7 +560,7 @@ def plan(
         # data parallel: DDP grad buffers
         shared = {"embedding.word_embeddings.weight", "output_layer.weight"} if model.tied and pp > 1 else set()
         if par.fsdp:
-            plan_fsdp(par.fsdp, chunks, dp * cp, mbs, pb, gb, dpg, dp_inter, add)
+            plan_fsdp(par.fsdp, chunks, dp * cp, mbs, pb, gb, dpg, dp_inter, add, par.bucket_size)
         for c, ch in enumerate([] if par.fsdp else chunks):
             bsize = bucket_size if (par.overlap_grad_reduce and e.pp_rank == 0 and c == 0) else None
             bks = _buckets(ch, dp * cp, par.use_distributed_optimizer, bsize, shared)
@@ -588,6 +588,9 @@ def plan(
             else:
                 mpg = group("mp", e.rank)
                 add("mp", "all_reduce", "grad norm", 1, 4, mpg, layout.spans_nodes(mpg))
+            if par.fsdp == "torch_fsdp2" and len(dpg) > 1:
+                # megatron-core sums the norm of DTensor gradients over their mesh's group first
+                add("dp_cp", "all_reduce", "grad norm (DTensor shards)", 1, 4, dpg, dp_inter)
         if par.per_token_loss:
             if pp > 1:
                 add("pp", "broadcast", "token count (per-token loss)", 1, 4, ppg, layout.spans_nodes(ppg))

@@ -17,6 +17,7 @@ from typing import Any
 
 from megatron_npu.layout.cp_comm import placement_note
 from megatron_npu.layout.parallel_dims import LayoutError
+from megatron_npu.layout.plan_cp_fsdp import fsdp_scheme
 from megatron_npu.perf.load import DIMENSIONS, RankSummary, ReportError, Run, mean
 
 # ---- thresholds (fractions of the mean iteration time unless said otherwise) -----------------------
@@ -238,6 +239,7 @@ class GradReductionCheck:
     threshold: float
     verdict: str
     advice: list[str]
+    measures: str = "DP grad reduce + param all-gather"
 
 
 def communication_check(
@@ -265,6 +267,7 @@ def communication_check(
                 "or interleave (--num-layers-per-virtual-pipeline-stage); balance stages (point 3)"
             ],
             "DP grad reduce": ["see point 5: --overlap-grad-reduce, --use-distributed-optimizer, bucket size"],
+            "FSDP gather/scatter": ["see point 5: what stays gathered between micro-batches, and overlap"],
             "param all-gather": [
                 "--overlap-param-gather (with --use-distributed-optimizer) hides the all-gather behind the next forward"
             ],
@@ -312,7 +315,7 @@ def traffic_check(
     exposed = {
         "tp": ("tp_comm", "tp_grad_sync"),
         "pp": ("pp_wait",),
-        "dp_cp": ("grad_sync", "param_gather"),
+        "dp_cp": ("grad_sync", "param_gather", "fsdp_comm"),
         "embd": ("embedding_sync",),
     }
     for label, d in dims.items():
@@ -458,10 +461,32 @@ def grad_reduction_check(run: Run, ranks: list[RankSummary], shape: RunShape, dp
     a, dp, m = run.args, shape.dp, shape.microbatches
     replicas = dp * shape.cp  # gradients are reduced over DP x CP (CP ranks hold parts of the same samples)
     iteration = {r.rank: r.iteration_s for r in ranks}
-    grad = {r.rank: r.parts["grad_sync"] + r.parts["param_gather"] for r in ranks}
+    scheme = fsdp_scheme(a)
+    if scheme is None:
+        grad = {r.rank: r.parts["grad_sync"] + r.parts["param_gather"] for r in ranks}
+    else:  # FSDP gathers and reduce-scatters inside forward / backward, where the step's timers do not look
+        grad = {r.rank: r.parts["fsdp_comm"] for r in ranks}
     share = {k: v / iteration[k] if iteration[k] else 0.0 for k, v in grad.items()}
     worst = max(share, key=share.get)
     flagged = share[worst] > GRAD_SYNC_LIMIT
+    if scheme is not None:
+        advice = _fsdp_advice(a, scheme, replicas, flagged, dp_cross, any(r.comm_groups for r in ranks))
+    else:
+        advice = _ddp_advice(a, replicas, flagged, dp_cross, m)
+    return GradReductionCheck(
+        figure=share[worst],
+        worst_rank=worst,
+        grad_reduce_s=grad,
+        share=share,
+        dp=dp,
+        threshold=GRAD_SYNC_LIMIT,
+        verdict=_verdict(flagged),
+        advice=advice,
+        measures="DP grad reduce + param all-gather" if scheme is None else f"FSDP ({scheme}) collectives on DP x CP",
+    )
+
+
+def _ddp_advice(a: dict[str, Any], replicas: int, flagged: bool, dp_cross: bool, m: int) -> list[str]:
     advice = []
     if replicas == 1:
         advice.append("DP x CP = 1: no replicas to reduce over; the figure is the local finalize cost.")
@@ -486,15 +511,45 @@ def grad_reduction_check(run: Run, ranks: list[RankSummary], shape: RunShape, dp
             advice.append(
                 "the gradient-sync group crosses nodes (point 2): that reduce is bound by inter-node bandwidth."
             )
-    if not advice:
-        advice.append("gradient reduction is cheap.")
-    return GradReductionCheck(
-        figure=share[worst],
-        worst_rank=worst,
-        grad_reduce_s=grad,
-        share=share,
-        dp=dp,
-        threshold=GRAD_SYNC_LIMIT,
-        verdict=_verdict(flagged),
-        advice=advice,
-    )
+    return advice or ["gradient reduction is cheap."]
+
+
+def _fsdp_advice(
+    a: dict[str, Any], scheme: str, replicas: int, flagged: bool, dp_cross: bool, counted: bool
+) -> list[str]:
+    """FSDP's levers: what stays gathered, and what overlaps (DDP's bucket and optimizer advice does not apply)."""
+    if not counted:
+        return [
+            "FSDP's collectives run inside forward / backward: rerun with --timing-log-level 2 to count them "
+            "(host time inside the calls, per group)."
+        ]
+    advice = []
+    if replicas == 1:
+        advice.append("DP x CP = 1: FSDP has no shards to gather or reduce over.")
+    if flagged or replicas > 1:
+        if scheme == "torch_fsdp2" and a.get("torch_fsdp2_reshard_after_forward", True):
+            advice.append(
+                "--torch-fsdp2-no-reshard-after-forward: each layer keeps its gathered weights from forward to "
+                "backward, one all-gather fewer per layer and micro-batch (the layer's whole weights held meanwhile)."
+            )
+        if scheme == "optim_grads_params":
+            advice.append(
+                "--data-parallel-sharding-strategy optim_grads: weights stay whole, no gather per layer and "
+                "micro-batch, where memory allows (`megatron-npu plan` gives the per-rank bytes of each strategy)."
+            )
+        if scheme != "torch_fsdp2" and not (a.get("overlap_grad_reduce") and a.get("overlap_param_gather")):
+            advice.append(
+                "--overlap-grad-reduce --overlap-param-gather: Megatron-FSDP then reduces and gathers "
+                "each unit while the next one computes."
+            )
+        if scheme in ("optim_grads_params", "torch_fsdp2"):
+            advice.append(
+                "a larger --micro-batch-size (fewer micro-batches per step): the weights are gathered again "
+                "for every micro-batch."
+            )
+        if dp_cross:
+            advice.append(
+                "the FSDP group crosses nodes (point 2): every gather and reduce-scatter is bound by "
+                "inter-node bandwidth; keep DP x CP inside a node or use a larger TP."
+            )
+    return advice or ["FSDP's communication is cheap."]

@@ -2,8 +2,8 @@
 
 ``bytes`` is the payload: ``numel * element_size`` of the tensor(s) passed in, namely the
 tensor of all_reduce / broadcast / send / recv (receives count), the *input* of
-all_gather(_into_tensor) (this rank's shard) and of reduce_scatter(_tensor) (the full
-input). ``megatron_npu.layout.planner`` uses the same definition, so a plan can be checked
+all_gather(_into_tensor|_single) (this rank's shard) and of reduce_scatter(_tensor|_single) (the
+full input). ``megatron_npu.layout.planner`` uses the same definition, so a plan can be checked
 against a run. ``seconds`` is host wall time inside the call: for async ops (and ops inside
 a ``_coalescing_manager``) the time to return, not the transfer time.
 
@@ -41,8 +41,10 @@ _OPS: dict[str, str] = {
     "all_gather": "tensor",
     "all_gather_into_tensor": "input_tensor",
     "_all_gather_base": "input_tensor",
+    "all_gather_single": "input_tensor",  # torch 2.13's FSDP2 gathers and scatters with the *_single pair
     "reduce_scatter_tensor": "input",
     "_reduce_scatter_base": "input",
+    "reduce_scatter_single": "input",
     "reduce_scatter": "input_list",
     "broadcast": "tensor",
     "send": "tensor",

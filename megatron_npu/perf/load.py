@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_npu.layout.parallel_dims import LayoutError
+from megatron_npu.layout.plan_cp_fsdp import fsdp_scheme
 from megatron_npu.layout.rankmap import RankMap, rank_map_from_run
 
 # What each part of the iteration breakdown means: printed with every report.
@@ -23,13 +24,16 @@ DEFINITIONS = """\
 Breakdown of one rank's iteration (seconds; every part is measured, ``other`` is the rest, so the
 parts sum to ``iteration_s`` exactly; a negative ``other`` would mean overlapping timers):
 
-  compute            forward_compute_s + backward_compute_s - data_wait_s - tp_comm
+  compute            forward_compute_s + backward_compute_s - data_wait_s - tp_comm - fsdp_comm
                      (megatron-core's ``batch-generator`` timer runs inside ``forward-compute``,
-                     and so do the TP collectives of the layers)
+                     and so do the TP collectives of the layers and FSDP's)
   data_wait          data_wait_s
   tp_comm            level 2: host seconds in collectives on the TP group (synchronous gloo /
                      blocking HCCL calls) minus the SP/norm-grad all-reduce below; level 1: 0
                      (then inside ``compute``)
+  fsdp_comm          FSDP runs, level 2: host seconds in collectives on the DP x CP group (the
+                     weights' all-gathers and the gradients' reduce-scatters inside forward and
+                     backward); otherwise 0
   tp_grad_sync       the ``non-tensor-parallel-grads-all-reduce`` timer (SP norm/bias grads over TP)
   pp_wait            pp_wait_s: pipeline send/recv waits, bubble included
   embedding_sync     the ``embedding-grads-all-reduce`` timer (tied embedding over the PP ends)
@@ -49,6 +53,7 @@ PARTS: tuple[tuple[str, str], ...] = (
     ("compute", "compute"),
     ("data_wait", "data wait"),
     ("tp_comm", "TP comm (in fwd/bwd)"),
+    ("fsdp_comm", "FSDP gather/scatter (in fwd/bwd)"),
     ("tp_grad_sync", "TP grad sync (SP/norm)"),
     ("pp_wait", "PP send/recv wait"),
     ("embedding_sync", "embedding grad sync"),
@@ -62,6 +67,7 @@ DIMENSIONS: dict[str, tuple[str, ...]] = {
     "TP": ("tp_comm", "tp_grad_sync"),
     "PP": ("pp_wait", "embedding_sync"),
     "DP grad reduce": ("grad_sync",),
+    "FSDP gather/scatter": ("fsdp_comm",),
     "param all-gather": ("param_gather",),
     "other collectives": ("small_collectives",),
 }
@@ -156,8 +162,9 @@ def _seconds(comm: dict[str, Any], *labels: str) -> float:
     return sum(float(comm.get(label, {}).get("seconds", 0.0)) for label in labels)
 
 
-def breakdown(record: dict[str, Any]) -> dict[str, float]:
-    """The named parts of one rank's iteration; they sum to ``iteration_s`` (``other`` is the rest)."""
+def breakdown(record: dict[str, Any], fsdp: bool = False) -> dict[str, float]:
+    """The named parts of one rank's iteration; they sum to ``iteration_s`` (``other`` is the rest).
+    ``fsdp``: the run shards with FSDP, whose DP x CP collectives run inside forward / backward."""
     raw = record.get("timers", {})
     comm = record.get("comm", {})
     get = lambda key: float(record.get(key, 0.0) or 0.0)  # noqa: E731
@@ -165,13 +172,15 @@ def breakdown(record: dict[str, Any]) -> dict[str, float]:
     data = min(get("data_wait_s"), fwd_bwd)
     norm_sync = float(raw.get("non-tensor-parallel-grads-all-reduce", 0.0))
     tp_comm = min(max(_seconds(comm, "tp") - norm_sync, 0.0), fwd_bwd - data)
+    fsdp_comm = min(_seconds(comm, "dp_cp"), fwd_bwd - data - tp_comm) if fsdp else 0.0
     param_gather = get("param_gather_s")
     optimizer = max(get("optimizer_s") - param_gather, 0.0)
     in_step = min(_seconds(comm, "mp", "dist_opt"), optimizer)
     parts = {
-        "compute": fwd_bwd - data - tp_comm,
+        "compute": fwd_bwd - data - tp_comm - fsdp_comm,
         "data_wait": data,
         "tp_comm": tp_comm,
+        "fsdp_comm": fsdp_comm,
         "tp_grad_sync": norm_sync,
         "pp_wait": get("pp_wait_s"),
         "embedding_sync": max(get("tp_grad_sync_s") - norm_sync, 0.0),
@@ -235,10 +244,11 @@ def _comm_groups(lines: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def summarise_ranks(run: Run, iterations: list[int]) -> tuple[list[RankSummary], dict[int, dict[str, float]]]:
     """Per-rank means over ``iterations``, and the per-iteration mean over ranks (for the plot)."""
     ranks: list[RankSummary] = []
+    fsdp = fsdp_scheme(run.args) is not None
     per_iteration: dict[int, dict[str, float]] = {}
     for rank in sorted(run.records):
         lines = [r for r in run.records[rank] if r["iteration"] in iterations]
-        parts = [breakdown(r) for r in lines]
+        parts = [breakdown(r, fsdp) for r in lines]
         means = {key: mean([p[key] for p in parts]) for key, _ in PARTS}
         entry = run.rank_map.ranks[rank]
         ranks.append(

@@ -17,6 +17,7 @@ SHORT = {
     "compute": "compute",
     "data_wait": "data",
     "tp_comm": "tp",
+    "fsdp_comm": "fsdp",
     "tp_grad_sync": "tp-grad",
     "pp_wait": "pp-wait",
     "embedding_sync": "embd",
@@ -138,8 +139,8 @@ def _check_lines(name: str, c: dict[str, Any], report: dict[str, Any]) -> list[s
         )
     elif name == "grad_reduction":
         out.append(
-            f"figure: rank {c['worst_rank']} spends {_ms(c['grad_reduce_s'][c['worst_rank']])} ms in DP grad reduce + param "
-            f"all-gather = {_pct(c['figure'])} (DP={c['dp']}); threshold {_pct(c['threshold'])}"
+            f"figure: rank {c['worst_rank']} spends {_ms(c['grad_reduce_s'][c['worst_rank']])} ms in {c['measures']} "
+            f"= {_pct(c['figure'])} (DP={c['dp']}); threshold {_pct(c['threshold'])}"
         )
     out.append(f"verdict: {c['verdict']}")
     out += [f"advice: {line}" for line in c["advice"]]

@@ -31,9 +31,11 @@ def test_strategies_differ_where_megatron_fsdp_does():
         megatron_fsdp_unit("u", 1000, 2, 4, "zero3")
 
 
-def test_fsdp2_root_is_not_regathered_for_backward():
-    assert totals(torch_fsdp2_unit("layer", 1000, 2, 2))["calls"] == 6
-    assert totals(torch_fsdp2_unit("root", 1000, 2, 2, root=True))["calls"] == 4
+def test_fsdp2_regathers_every_unit_for_backward_unless_told_to_keep_it():
+    # megatron-core passes reshard_after_forward to the root's fully_shard too: no root exception
+    assert totals(torch_fsdp2_unit("any unit", 1000, 2, 2))["calls"] == 6
+    assert totals(torch_fsdp2_unit("any unit", 1000, 2, 2, reshard_after_forward=False))["calls"] == 4
+    assert torch_fsdp2_unit("any unit", 1000, 1, 2) == []
 
 
 def test_state_falls_as_one_over_dp_when_everything_is_sharded():

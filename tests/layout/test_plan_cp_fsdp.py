@@ -92,6 +92,19 @@ def test_megatron_fsdp_gathers_each_layer_three_times_and_scatters_once_instead_
     ]
 
 
+def test_megatron_fsdp_makes_layers_units_only_when_it_shards_parameters_and_buckets_the_rest():
+    params = [("embedding.w", 10), ("decoder.layers.0.a", 20), ("decoder.layers.1.a", 20), ("output_layer.w", 10)]
+    assert fsdp_units(params, "optim_grads_params") == [
+        ("rest", 20, False),
+        ("layer 0", 20, True),
+        ("layer 1", 20, True),
+    ]
+    # no FSDP unit modules below optim_grads_params: one bucket for the chunk (one call of each kind)
+    assert fsdp_units(params, "optim_grads") == [("rest", 60, False)]
+    # --ddp-bucket-size cuts the bucket after the parameter that reaches it
+    assert fsdp_units(params, "optim", bucket_size=30) == [("rest", 30, False), ("rest 1", 30, False)]
+
+
 def test_memory_model_shards_state_by_strategy_and_cp_shrinks_activations():
     m = model(global_batch_size=8)
     numel = 2 * LAYER_NUMEL + 128 * 64 + 32 * 64 + 2 * 64

@@ -51,7 +51,8 @@ TIMERS = {
 def write_run(directory: Path, layout_args: dict | None = None) -> Path:
     logs = directory / "logs"
     (logs / "timers").mkdir(parents=True)
-    layout = build_rank_map(nnodes=2, nproc_per_node=2, pp=2).to_json()
+    pp = (layout_args or ARGS)["pipeline_model_parallel_size"]
+    layout = build_rank_map(nnodes=2, nproc_per_node=2, pp=pp).to_json()
     (logs / "layout.json").write_text(json.dumps(layout))
     (logs / "args.json").write_text(json.dumps(layout_args or ARGS))
     for rank in range(4):
@@ -64,6 +65,35 @@ def test_breakdown_of_one_record():
     parts = breakdown(TIMERS)
     expected = {"compute": 0.6, "data_wait": 0.1, "pp_wait": 0.1, "grad_sync": 0.05, "optimizer": 0.04}
     assert parts == pytest.approx({key: expected.get(key, 0.0) for key, _ in PARTS} | {"other": 0.11})
+
+
+def test_fsdp_collectives_inside_forward_and_backward_are_split_out_of_compute():
+    # level 2 under FSDP: the DP x CP group's calls run inside forward / backward, as TP's do
+    record = TIMERS | {"comm": {"dp_cp": {"calls": 27, "bytes": 1, "seconds": 0.2}, "tp": {"seconds": 0.05}}}
+    parts = breakdown(record, fsdp=True)
+    assert parts["fsdp_comm"] == pytest.approx(0.2) and parts["tp_comm"] == pytest.approx(0.05)
+    assert parts["compute"] == pytest.approx(0.6 - 0.05 - 0.2)
+    assert breakdown(record)["fsdp_comm"] == 0.0  # DDP's DP x CP calls are the step's grad_sync, timed apart
+
+
+def test_gradient_reduction_under_fsdp_names_its_levers_not_ddps(tmp_path):
+    fsdp_args = {**ARGS, "pipeline_model_parallel_size": 1, "use_torch_fsdp2": True}
+    run = load_run(write_run(tmp_path / "fsdp2", fsdp_args))
+    g = report.analyse(run)["checks"]["grad_reduction"]
+    # level 1: FSDP's calls are inside compute, so the check says how to see them
+    assert g["figure"] == 0.0 and "--timing-log-level 2" in g["advice"][0]
+    for rank in range(4):  # the same run at level 2, 0.15 s of 1 s in FSDP's collectives
+        path = tmp_path / "fsdp2" / "logs" / "timers" / f"rank{rank:05d}.jsonl"
+        lines = [
+            json.loads(x) | {"comm": {"dp_cp": {"calls": 37, "bytes": 1, "seconds": 0.15}}}
+            for x in path.read_text().splitlines()
+        ]
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    g = report.analyse(load_run(tmp_path / "fsdp2"))["checks"]["grad_reduction"]
+    assert g["figure"] == pytest.approx(0.15) and g["verdict"] == "FLAGGED"
+    assert g["measures"] == "FSDP (torch_fsdp2) collectives on DP x CP"
+    assert any("--torch-fsdp2-no-reshard-after-forward" in line for line in g["advice"])
+    assert not any("--use-distributed-optimizer" in line or "--overlap-grad-reduce" in line for line in g["advice"])
 
 
 def test_checks_on_a_known_run(tmp_path):
