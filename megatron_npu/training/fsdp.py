@@ -74,14 +74,20 @@ def wrap(chunks: list, config: Any, args: argparse.Namespace, device: torch.devi
 def fsdp_dtensor_state(model: list, optimizer: Any, scheduler: Any, *, optim: bool, loading: bool) -> dict[str, Any]:
     """The model and optimizer state Megatron-LM writes as ``fsdp_dtensor``: each chunk's state
     dict of DTensors, the distributed optimizer's DTensor state, the scheduler; prepared by
-    megatron-core's own helpers (SwiGLU's fused fc1 split in two, uneven DTensor shards described)."""
+    megatron-core's own helpers as Megatron-LM's ``preprocess_fsdp_dtensor_state_dict`` does (modules'
+    ``_extra_state`` dropped, SwiGLU's fused fc1 split in two, uneven DTensor shards described)."""
     from megatron.core.distributed.fsdp.src.megatron_fsdp.uneven_dtensor import (
         preprocess_state_dict_for_uneven_dtensor,
     )
-    from megatron.core.transformer.fsdp_dtensor_checkpoint import handle_swiglu_in_state_dict
+    from megatron.core.transformer.fsdp_dtensor_checkpoint import (
+        handle_experts_in_state_dict,
+        handle_fp8_extra_state_case,
+        handle_swiglu_in_state_dict,
+    )
 
     (chunk,) = model  # Megatron-FSDP runs without pipeline stages here (fsdp_args.py)
     state: dict[str, Any] = {"model": chunk.state_dict_for_save_checkpoint()}
+    handle_fp8_extra_state_case(state["model"])  # Megatron-LM keeps no ``_extra_state`` in this format
     if optim:
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=loading, metadata=FSDP_DTENSOR_METADATA)
         state["opt_param_scheduler"] = scheduler.state_dict()
@@ -89,6 +95,8 @@ def fsdp_dtensor_state(model: list, optimizer: Any, scheduler: Any, *, optim: bo
         state["model"], optim_state = handle_swiglu_in_state_dict(chunk, state["model"], state.get("optimizer"))
         if optim_state is not None:
             state["optimizer"] = optim_state
+    # each EP rank's local experts under their global index (the optimizer state is named so already)
+    state["model"] = handle_experts_in_state_dict(state["model"], chunk.config.num_moe_experts)
     preprocess_state_dict_for_uneven_dtensor(state)
     return state
 
@@ -128,7 +136,14 @@ def save_checkpoint(
 
 
 def read_common(directory: str) -> dict[str, Any]:
-    return torch.load(os.path.join(directory, COMMON_FILE), weights_only=False)
+    """This trainer's common state; for Megatron-LM's own checkpoint (no ``common.pt``), its common fields,
+    which it keeps inside the DCP state (read here by this rank alone, no collective)."""
+    path = os.path.join(directory, COMMON_FILE)
+    if os.path.isfile(path):
+        return torch.load(path, weights_only=False)
+    state: dict[str, Any] = dict.fromkeys(MEGATRON_LM_KEYS)
+    dcp.load(state, storage_reader=dcp.FileSystemReader(directory), no_dist=True)
+    return state
 
 
 def load_checkpoint(

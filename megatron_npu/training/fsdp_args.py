@@ -98,10 +98,9 @@ def _check_megatron_fsdp(args: argparse.Namespace) -> None:
         ),
         (
             args.pipeline_model_parallel_size == 1,
-            "is not supported with pipeline parallelism by this trainer: use PP 1",
+            "is not supported with pipeline parallelism: megatron-core 0.16.1's Megatron-FSDP lays its device mesh "
+            "over DP x TP of the whole world (Megatron-LM fails at wrap time): use PP 1",
         ),
-        (args.expert_model_parallel_size == 1, "is not supported with expert parallelism by this trainer: use EP 1"),
-        (args.context_parallel_size == 1, "is not supported with context parallelism by this trainer: use CP 1"),
         (not args.fp16, "is not supported with --fp16 by this trainer: use --bf16"),
         (
             strategy != "optim_grads_params" or args.check_weight_hash_across_dp_replicas_interval is None,

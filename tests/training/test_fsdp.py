@@ -1,15 +1,18 @@
 """FSDP in pretrain_gpt.py (megatron_npu/training/fsdp.py, fsdp_args.py) on the cpu target, fp32.
 
-Megatron-FSDP (``optim_grads_params``) on 2 and 4 ranks, TP2 x Megatron-FSDP (``optim_grads``) on 4
-ranks, Megatron-FSDP ``no_shard`` and torch FSDP2 on 2 ranks train the 1-rank run's model with its per-iteration losses (rel 1e-5). A
-Megatron-FSDP ``fsdp_dtensor`` checkpoint resumes exactly under the DP size that saved it, and
-trains on under another one (1 rank) with the 1-rank run's losses. Bad combinations stop before
-any process group: checked in this process (fast), and once through torchrun (every rank exits).
+Megatron-FSDP (``optim_grads_params``) on 2 ranks, CP2 x DP2 Megatron-FSDP (``optim``, sharded over DP x CP)
+and TP2 x Megatron-FSDP (``optim_grads``) on 4 ranks, Megatron-FSDP ``no_shard`` and torch FSDP2 on 2 ranks
+train the 1-rank run's model with its per-iteration losses (rel 1e-5); MoE with EP2 x Megatron-FSDP
+(``optim_grads_params``: dense weights sharded over DP 4, experts over expert DP 2) trains on from a 1-rank
+checkpoint with the 1-rank losses. A Megatron-FSDP ``fsdp_dtensor`` checkpoint resumes exactly under the
+DP size that saved it, and trains on under another TP and DP size (TP2 x DP2 -> 1 rank) and EP size
+(EP1 -> EP2) with the 1-rank run's losses. Bad combinations stop before any process group: checked in this
+process (fast), and once through torchrun (every rank exits).
 
-Launches (each a module-scoped run read by several tests): the 1-rank reference, Megatron-FSDP on
-2 ranks (saving), its resume on 2 ranks, a 1-rank Megatron-FSDP resume of the 2-rank checkpoint,
-Megatron-FSDP on 4 ranks, TP2 x Megatron-FSDP on 4 ranks, no_shard on 2 ranks, FSDP2 on 2 ranks (saving),
-its resume on 2 ranks and on 1 rank, one bad start.
+Launches (each a module-scoped run read by several tests, or one test's): the 1-rank reference, Megatron-FSDP
+on 2 ranks (saving), its resume on 2 ranks, TP2 x Megatron-FSDP on 4 ranks (saving), a 1-rank resume of its
+checkpoint, CP2 x DP2 on 4 ranks, no_shard on 2 ranks, MoE on 1 rank (saving) and EP2 on 4 ranks from it,
+FSDP2 on 2 ranks (saving), its resume on 2 ranks and on 1 rank, one bad start.
 """
 
 from __future__ import annotations
@@ -38,8 +41,15 @@ MEGATRON_FSDP = [
     *("--ckpt-format", "fsdp_dtensor"),
 ]
 TORCH_FSDP2 = ["--use-torch-fsdp2"]
+# a small MoE: 4 experts, top-2, dropless, every layer MoE; EP2 on 4 ranks is expert DP 2 beside dense DP 4
+MOE = [
+    *("--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01"),
+    *("--moe-token-dispatcher-type", "alltoall", "--disable-bias-linear"),
+]
+EP2 = ["--expert-model-parallel-size", "2"]
 # later flags win: the other strategies (no_shard without --overlap-param-gather: patches/fsdp.py)
 OPTIM_GRADS = ["--data-parallel-sharding-strategy", "optim_grads"]
+OPTIM = ["--data-parallel-sharding-strategy", "optim"]
 NO_SHARD = ["--data-parallel-sharding-strategy", "no_shard"]
 ITERATIONS = [1, 2, 3, 4]
 
@@ -76,18 +86,32 @@ def megatron_fsdp_2(tmp_path_factory) -> Path:
     return _run(tmp_path_factory, "mfsdp2", *MEGATRON_FSDP, "--save-interval", "2", "--save", "{run}/ckpt", nproc=2)
 
 
+@pytest.fixture(scope="module")
+def megatron_fsdp_tp2(tmp_path_factory) -> Path:
+    """TP2 x Megatron-FSDP optim_grads (DP2) on 4 ranks, saving at 2 and 4."""
+    tp2 = ["--tensor-model-parallel-size", "2", *OPTIM_GRADS]
+    return _run(
+        tmp_path_factory, "mfsdp_tp2", *MEGATRON_FSDP, *tp2, "--save-interval", "2", "--save", "{run}/ckpt", nproc=4
+    )
+
+
 # ---- loss equality -----------------------------------------------------------------------------
 @pytest.mark.launch
 @pytest.mark.parametrize(
     ("name", "flags", "nproc"),
     [
-        ("megatron_fsdp_dp4", MEGATRON_FSDP, 4),
-        ("tp2_megatron_fsdp_dp2", [*MEGATRON_FSDP, "--tensor-model-parallel-size", "2", *OPTIM_GRADS], 4),
+        # sharded over DP x CP (4 ranks); optim_grads_params on 4 ranks: the EP test's dense weights (DP 4)
+        ("cp2_megatron_fsdp_optim_dp2", [*MEGATRON_FSDP, "--context-parallel-size", "2", *OPTIM], 4),
         ("megatron_fsdp_no_shard_dp2", [*MEGATRON_FSDP, *NO_SHARD], 2),
     ],
 )
 def test_fsdp_trains_the_one_rank_losses(reference, tmp_path_factory, name, flags, nproc):
     _assert_same_losses(train_losses(_run(tmp_path_factory, name, *flags, nproc=nproc)), reference, ITERATIONS, 1e-5)
+
+
+@pytest.mark.launch
+def test_tp2_x_megatron_fsdp_trains_the_one_rank_losses(reference, megatron_fsdp_tp2):
+    _assert_same_losses(train_losses(megatron_fsdp_tp2), reference, ITERATIONS, 1e-5)
 
 
 @pytest.mark.launch
@@ -115,11 +139,28 @@ def test_a_megatron_fsdp_checkpoint_resumes_exactly(megatron_fsdp_2, tmp_path_fa
 
 
 @pytest.mark.launch
-def test_a_megatron_fsdp_checkpoint_trains_on_under_another_dp_size(reference, megatron_fsdp_2, tmp_path_factory):
-    """Saved by 2 ranks, loaded by 1 (torch.distributed.checkpoint reshards the DTensors): the
-    1-rank run's losses at iterations 3 and 4."""
-    resumed = _resume(tmp_path_factory, "mfsdp1_from_dp2", megatron_fsdp_2, nproc=1)
+def test_a_megatron_fsdp_checkpoint_trains_on_under_another_tp_and_dp_size(
+    reference, megatron_fsdp_tp2, tmp_path_factory
+):
+    """Saved by TP2 x DP2 (optim_grads), loaded by 1 rank (optim_grads_params): the DTensors hold each TP
+    shard's place in the whole weight, so torch.distributed.checkpoint reshards across TP and DP (and
+    across strategies): the 1-rank run's losses at iterations 3 and 4. (DP 1 -> 4: the EP test.)"""
+    resumed = _resume(tmp_path_factory, "mfsdp1_from_tp2", megatron_fsdp_tp2, nproc=1)
     _assert_same_losses(train_losses(resumed), reference, [3, 4], rel=1e-5)
+
+
+@pytest.mark.launch
+def test_megatron_fsdp_with_expert_parallelism_trains_the_one_rank_losses(tmp_path_factory):
+    """MoE under Megatron-FSDP: 1 rank saves at iteration 2; EP2 on 4 ranks (dense weights sharded over
+    DP 4, each EP rank's experts over expert DP 2) trains on from it with the 1-rank run's losses. From a
+    common checkpoint: each EP rank draws its own experts from scratch (tests/training/test_moe.py). The
+    fsdp_dtensor files name experts by their global index, so the EP1 checkpoint loads under EP2."""
+    one_rank = _run(
+        tmp_path_factory, "moe_mfsdp1", *MOE, *MEGATRON_FSDP, "--save-interval", "2", "--save", "{run}/ckpt", nproc=1
+    )
+    root = checkpoint_at(one_rank / "ckpt", 2, tmp_path_factory.mktemp("moe_root"))
+    ep2 = _run(tmp_path_factory, "moe_mfsdp_ep2", *MOE, *MEGATRON_FSDP, *EP2, "--load", str(root), nproc=4)
+    _assert_same_losses(train_losses(ep2), train_losses(one_rank), [3, 4], rel=1e-5)
 
 
 @pytest.mark.launch
@@ -218,6 +259,16 @@ def test_megatron_fsdp_flags_as_megatron_lm_defines_them(strategy, fsdp_flags):
     plain = parse_args(BASE, world_size=1, check_paths=False)
     assert plain.data_parallel_sharding_strategy == "no_shard" and not plain.use_megatron_fsdp
     assert not plain.use_torch_fsdp2 and plain.torch_fsdp2_reshard_after_forward
+
+
+def test_megatron_fsdp_takes_expert_and_context_parallelism_and_refuses_pipeline_stages():
+    """megatron-core 0.16.1's adapter builds an expert mesh (expert DP x expert TP) and shards over DP x CP;
+    its dense mesh spans DP x TP of the whole world, so pipeline stages fail there (the refusal says so)."""
+    for layout, dp in (([*MOE, *EP2], 4), (["--context-parallel-size", "2"], 2)):  # EP2: dense DP 4
+        args = parse_args([*BASE, *MEGATRON_FSDP, *layout], world_size=4, check_paths=False)
+        assert args.use_megatron_fsdp and args.data_parallel_size == dp
+    with pytest.raises(ConfigError, match="device mesh over DP x TP of the whole world"):
+        parse_args([*BASE, *MEGATRON_FSDP, "--pipeline-model-parallel-size", "2"], world_size=4, check_paths=False)
 
 
 @pytest.mark.launch

@@ -32,6 +32,11 @@ pytestmark = [
 MODEL = [*PROJECT_MODEL, "--eval-interval", "1000", *NO_DROPOUT, *MOCK_DATA, "--train-iters", "6"]
 MODEL += ["--use-distributed-optimizer"]
 TP2_PP2 = ("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2")
+MEGATRON_FSDP = (
+    "--use-megatron-fsdp",
+    *("--data-parallel-sharding-strategy", "optim_grads_params", "--ckpt-format", "fsdp_dtensor"),
+    "--untie-embeddings-and-output-weights",
+)
 SAVE_AT, RESUMED = 3, (4, 5, 6)
 SAMPLES_PER_STEP = 8  # --global-batch-size
 # Megatron-LM's iteration line, which this trainer prints too
@@ -98,6 +103,21 @@ def test_a_megatron_lm_checkpoint_resumes_here_under_tp2_pp2(megatron_lm_run, tm
         job.stdout
     )
     assert_resumed(iterations(job), uninterrupted, first_loss_pair_averaged=False)
+
+
+def test_megatron_fsdp_checkpoints_move_both_ways_under_other_dp_sizes(megatron_lm, tmp_path):
+    """Megatron-FSDP's ``fsdp_dtensor``: this trainer (DP2) saves at 3; Megatron-LM resumes that on one
+    rank and saves at 5 (its common fields inside the DCP state, no common.pt, no ``_extra_state``);
+    this trainer resumes Megatron-LM's on two ranks: every resumed iteration is the uninterrupted run's."""
+    save, theirs = tmp_path / "ours", tmp_path / "theirs"
+    uninterrupted = iterations(ours(*MEGATRON_FSDP, "--save", str(save), "--save-interval", str(SAVE_AT), nproc=2))
+    load = checkpoint_at(save, SAVE_AT, tmp_path / "at3")
+    flags = ("--load", str(load), "--save", str(theirs), "--save-interval", "5")
+    job = upstream(megatron_lm, *MODEL, *MEGATRON_FSDP, *flags, nproc=1).check()
+    assert_resumed(iterations(job), uninterrupted, first_loss_pair_averaged=True)
+    back = iterations(ours(*MEGATRON_FSDP, "--load", str(checkpoint_at(theirs, 5, tmp_path / "at5")), nproc=2))
+    assert sorted(back) == [6] and back[6][0] == uninterrupted[6][0] == 6 * SAMPLES_PER_STEP
+    assert back[6][1] == pytest.approx(uninterrupted[6][1], rel=1e-5)
 
 
 def test_under_the_same_layout_the_rng_states_carry_over(megatron_lm_run, tmp_path):
