@@ -73,9 +73,10 @@ def _maybe_move_tensor_to_cpu(original: Callable, accelerator: Accelerator) -> C
 def _gather_uneven(original: Callable, accelerator: Accelerator) -> Callable:
     @functools.wraps(original)
     def _gather_along_first_dim(
-        input_: torch.Tensor, group: Any, output_split_sizes: Any = None, use_global_buffer: bool = False
+        input_: torch.Tensor, group: Any = None, output_split_sizes: Any = None, use_global_buffer: bool = False
     ) -> torch.Tensor:
-        if output_split_sizes is None or group.size() == 1:
+        # group=None: 0.12's default (the TP group; sequence parallelism's backward passes none), equal sizes
+        if output_split_sizes is None or group is None or group.size() == 1:
             return original(input_, group, output_split_sizes, use_global_buffer)
         sizes = [int(n) for n in output_split_sizes]
         padded = input_.new_zeros((max(sizes), *input_.shape[1:]))

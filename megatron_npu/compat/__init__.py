@@ -14,6 +14,8 @@ from .configs import release_config
 from .core import (
     ReleaseGap,
     check_checkpoint_support,
+    check_virtual_pipeline_support,
+    fully_reshardable_optimizer_formats,
     get_batch_on_this_cp_rank,
     moe_layer_wise_logging_tracker,
     squared_relu,
@@ -25,6 +27,8 @@ from .tokenizers import core_tokenizer_builder
 __all__ = [
     "ReleaseGap",
     "check_checkpoint_support",
+    "check_virtual_pipeline_support",
+    "fully_reshardable_optimizer_formats",
     "core_tokenizer_builder",
     "get_batch_on_this_cp_rank",
     "moe_layer_wise_logging_tracker",

@@ -74,20 +74,39 @@ def moe_layer_wise_logging_tracker() -> dict:
     raise gap("the MoE layer-wise logging tracker", "MoE training with this trainer needs megatron-core >= 0.12")
 
 
-def call_with_vp_stage(function: Callable[..., Any], *args: Any, vp_stage: int | None, **kwargs: Any) -> Any:
-    """``function(*args, vp_stage=vp_stage, **kwargs)``: megatron-core 0.13+ takes the virtual pipeline stage as
-    an argument (parallel_state's stage tests, the layer offset, GPTModel); 0.12 has no such argument and
-    reads a global instead, which this trainer does not drive: without virtual stages the argument is left out,
-    with them ``ReleaseGap``."""
-    if "vp_stage" in inspect.signature(function).parameters:
-        return function(*args, vp_stage=vp_stage, **kwargs)
-    if vp_stage is None:
-        return function(*args, **kwargs)
-    raise gap(
+def takes_vp_stage(function: Callable[..., Any]) -> bool:
+    """Whether a megatron-core function takes the virtual pipeline stage as an argument (0.13+)."""
+    return "vp_stage" in inspect.signature(function).parameters
+
+
+def _no_vp_stage() -> ReleaseGap:
+    return gap(
         "a virtual pipeline stage argument (vp_stage)",
         "drop --num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank, "
         "or use megatron-core >= 0.13",
     )
+
+
+def check_virtual_pipeline_support() -> None:
+    """Asked at start-up when the run has virtual pipeline stages (before any process group): the model is
+    built per stage through functions taking ``vp_stage``; a release without it (0.12) is ``ReleaseGap`` now,
+    not when the model is built."""
+    from megatron.core import parallel_state
+
+    if not takes_vp_stage(parallel_state.is_pipeline_first_stage):
+        raise _no_vp_stage()
+
+
+def call_with_vp_stage(function: Callable[..., Any], *args: Any, vp_stage: int | None, **kwargs: Any) -> Any:
+    """``function(*args, vp_stage=vp_stage, **kwargs)``: megatron-core 0.13+ takes the virtual pipeline stage as
+    an argument (parallel_state's stage tests, the layer offset, GPTModel); 0.12 has no such argument and
+    reads a global instead, which this trainer does not drive: without virtual stages the argument is left out,
+    with them ``ReleaseGap`` (start-up refuses them first: check_virtual_pipeline_support)."""
+    if takes_vp_stage(function):
+        return function(*args, vp_stage=vp_stage, **kwargs)
+    if vp_stage is None:
+        return function(*args, **kwargs)
+    raise _no_vp_stage()
 
 
 def get_batch_on_this_cp_rank(batch: dict, **kwargs: Any) -> dict:
@@ -103,6 +122,15 @@ def get_batch_on_this_cp_rank(batch: dict, **kwargs: Any) -> dict:
     if "cp_group" in parameters:
         kwargs.setdefault("cp_group", parallel_state.get_context_parallel_group())
     return utils.get_batch_on_this_cp_rank(batch, **kwargs)
+
+
+def fully_reshardable_optimizer_formats() -> tuple[str, ...]:
+    """The distributed optimizer's checkpoint layouts that load under another TP/PP layout:
+    ``DistributedOptimizer.checkpoint_fully_reshardable_formats`` (0.15+); a release without that layout has
+    none (0.13-0.14: this trainer's checkpoints there hold no distributed-optimizer state, check_checkpoint_support)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return tuple(getattr(DistributedOptimizer, "checkpoint_fully_reshardable_formats", ()))
 
 
 def check_checkpoint_support(distributed_optimizer: bool) -> None:

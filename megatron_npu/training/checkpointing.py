@@ -32,10 +32,9 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
-from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
 from megatron_npu.accelerator import get_accelerator
-from megatron_npu.compat import unwrap_model
+from megatron_npu.compat import fully_reshardable_optimizer_formats, unwrap_model
 from megatron_npu.training import fsdp
 from megatron_npu.training.arguments import ConfigError
 from megatron_npu.training.checkpoint_format import (
@@ -350,7 +349,7 @@ def _what_to_load(saved: SavedRun, args: argparse.Namespace, directory: str) -> 
             f"checkpoint {directory} holds {'distributed ' if saved_dist_opt else ''}optimizer state "
             f"saved with {given}: train with the same setting, or pass --no-load-optim"
         )
-    resharding = saved.optimizer_sharding not in DistributedOptimizer.checkpoint_fully_reshardable_formats
+    resharding = saved.optimizer_sharding not in fully_reshardable_optimizer_formats()
     if load_optim and saved_dist_opt and not same_grid and resharding:
         raise ConfigError(
             f"checkpoint {directory} ({saved.written_by}) holds distributed-optimizer state sharded "

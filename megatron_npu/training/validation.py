@@ -426,6 +426,12 @@ def _check_layout(args: argparse.Namespace, world_size: int, shape: ModelShape) 
     if args.microbatch_group_size_per_vp_stage is None:
         args.microbatch_group_size_per_vp_stage = pp
     if vpp is not None:
+        from megatron_npu.compat import ReleaseGap, check_virtual_pipeline_support
+
+        try:  # megatron-core 0.12 builds no virtual stages this trainer can drive: said now, not at model build
+            check_virtual_pipeline_support()
+        except ReleaseGap as gap:
+            raise ConfigError(str(gap)) from None
         if not args.overlap_p2p_comm and pp <= 2:
             raise ConfigError(
                 f"{dims.flags.vpp} with --no-overlap-p2p-communication needs --pipeline-model-parallel-size > 2"

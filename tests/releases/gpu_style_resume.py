@@ -89,6 +89,7 @@ def main() -> None:
         "backend": dist.get_backend(),
     }
     os.write(1, f"RESULT {json.dumps(result)}\n".encode())  # one write: ranks share stdout
+    dist.barrier()  # no rank closes its gloo pairs while a peer still sends (an abort in gloo's pair.cc, seen once)
     dist.destroy_process_group()
 
 

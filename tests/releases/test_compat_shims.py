@@ -109,3 +109,39 @@ def test_a_release_without_the_checkpoint_format_refuses_save_and_load_at_start_
         parse_args([*base, "--load", str(tmp_path)], world_size=1, check_paths=False)
     assert "\n" not in str(refused.value)
     parse_args(base, world_size=1, check_paths=False)  # nothing saved or loaded: nothing asked
+
+
+def test_a_release_without_vp_stage_refuses_virtual_pipeline_stages_at_start_up(monkeypatch):
+    """0.12's parallel_state stage tests take no vp_stage: --num-layers-per-virtual-pipeline-stage is refused in
+    one line by the argument checks (before any process group), not when the model is built."""
+    from megatron.core import parallel_state
+
+    from megatron_npu.policy import ConfigError
+    from megatron_npu.training.arguments import parse_args
+
+    base = ["--num-layers", "4", "--hidden-size", "8", "--num-attention-heads", "2", "--seq-length", "8"]
+    base += ["--max-position-embeddings", "8", "--micro-batch-size", "1", "--train-iters", "2", "--lr", "1e-3"]
+    base += ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64"]
+    layout = ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"]
+    layout += ["--global-batch-size", "2"]
+    parse_args([*base, *layout], world_size=2, check_paths=False)  # 0.16.1 takes vp_stage
+
+    def is_pipeline_first_stage(ignore_virtual: bool = False) -> bool:  # 0.12's signature
+        return True
+
+    monkeypatch.setattr(parallel_state, "is_pipeline_first_stage", is_pipeline_first_stage)
+    with pytest.raises(ConfigError, match=r"vp_stage\) is not in megatron-core 0\.\d+\.\d+: drop") as refused:
+        parse_args([*base, *layout], world_size=2, check_paths=False)
+    assert "\n" not in str(refused.value) and "megatron-core >= 0.13" in str(refused.value)
+    parse_args([*base, "--pipeline-model-parallel-size", "2"], world_size=2, check_paths=False)  # no VPP: no ask
+
+
+def test_a_release_without_the_fully_reshardable_layout_has_no_reshardable_optimizer_formats(monkeypatch):
+    """0.13-0.14: resuming this trainer's checkpoints (no distributed-optimizer state there) asks for the formats."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    from megatron_npu.compat import fully_reshardable_optimizer_formats
+
+    assert "fully_reshardable" in fully_reshardable_optimizer_formats()  # 0.16.1's
+    monkeypatch.delattr(DistributedOptimizer, "checkpoint_fully_reshardable_formats")
+    assert fully_reshardable_optimizer_formats() == ()

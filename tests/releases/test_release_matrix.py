@@ -4,25 +4,27 @@ Per release, in its own venv (tests/releases/envs.py, cached), cpu target: the d
 Megatron-LM checkout on the path (every patch claiming the release finds its target, megatron/training's
 included); the GPU-written megatron-core script trains TP2 x PP2 and PP2 x DP2 with the distributed optimizer with
 TP1's losses (rel 1e-5) and resumes from a dist-checkpoint exactly; Megatron-LM's own pretrain_gpt.py of that tag
-trains through ``-m megatron_npu.run`` and resumes bit-exactly; this project's pretrain_gpt.py trains under
-TP2 x PP2. Seven launches per release; the fixture prints (and writes beside the runs, figures.json) the worst
-relative loss differences, whether the resumes were exact, and the seconds of each part: the README quotes them.
+trains through ``-m megatron_npu.run`` and resumes bit-exactly; this project's pretrain_gpt.py trains MoE (4
+experts, EP2) under TP2 x PP2 with sequence parallelism, saves (0.13+; with the distributed optimizer from 0.15)
+and resumes exactly. Seven launches per release (0.12, which refuses --save: six) and two single processes (doctor,
+checkpoint comparison); the fixture prints (and writes beside the runs, figures.json) the worst relative loss
+differences, whether the resumes were exact, and the seconds of each part: the README quotes them.
 
 Which releases: ``MEGATRON_NPU_RELEASES`` (comma-separated, or ``all``). By default (CI) two: 0.12.1, the oldest
 (MindSpeed-LLM's pin; the releases-only patches of patches/release_fixes.py and most compat shims), and 0.19.2,
 the newest (Python 3.12, triton stand-ins, 0.17+'s tokenizer and spec builders), only when the cache already holds
 the Python 3.12 CUDA torch (cold, that install took 22 min here: build it with ``python tests/releases/envs.py
-0.17.1 0.18.2 0.19.2``). Measured on 2 shared cores: a release's venv builds in 12-30 s from pip's wheel cache,
-and its seven launches take 4-8 min, so each release added to CI costs about that; the whole suite must stay under
-40 min (about 30 with these two), so 0.13-0.15 and 0.17-0.18 (0.14-0.15's safe-globals patch among what only they
-exercise) run in the matrix lane, ``MEGATRON_NPU_RELEASES=all``, not by default.
+0.17.1 0.18.2 0.19.2``). Every other release gets test_release_quick.py's two-process check in CI instead.
+Measured on 2 shared cores (seconds: GPU-style + Megatron-LM + this project's runs, one release at a time, venvs
+cached; a 3.11 venv builds in 12-30 s from pip's wheel cache): 0.12.1 58 + 39 + 30 (one project launch), 0.13.1
+58 + 46 + 63, 0.14.0 65 + 51 + 55, 0.15.3 192 + 207 + 157 (load ~50), 0.17.1 43 + 43 + 70, 0.18.2 115 + 137 + 207
+(loaded), 0.19.2 49 + 44 + 62: CI's two about 5 min.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -31,44 +33,35 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from distributed import ROOT, Job, base_env, free_port, run  # noqa: E402
-from envs import READY, RELEASES, Release, cache_dir, interpreter, release_env  # noqa: E402
-from megatron_lm_checkout import unpack  # noqa: E402
+from distributed import ROOT, Job, base_env, run  # noqa: E402
+from envs import RELEASES, Release, interpreter, release_env  # noqa: E402
 from pretrain_runs import MODEL as PROJECT_MODEL  # noqa: E402
-from pretrain_runs import NO_DROPOUT, PRETRAIN, train_losses  # noqa: E402
+from pretrain_runs import NO_DROPOUT, PRETRAIN, checkpoint_at, train_losses  # noqa: E402
+from release_checks import (  # noqa: E402
+    MISSING_TARGET,
+    SAVE_AT,
+    SELECT_ENVVAR,
+    STEPS,
+    assert_close,
+    assert_doctor_clean,
+    doctor,
+    full_matrix_releases,
+    last_stage,
+    tag_checkout,
+    torchrun,
+    worst,
+)
 
 pytestmark = pytest.mark.launch
-SELECT_ENVVAR = "MEGATRON_NPU_RELEASES"
-CI_DEFAULT = ("0.12.1", "0.19.2")
-SHARED = ROOT.parent / "shared" / "megatron-lm"
 FIXTURE = ROOT / "tests" / "fixtures" / "gpu_style_gpt.py"
 RESUME = ROOT / "tests" / "releases" / "gpu_style_resume.py"
 COMPARE = ROOT / "tests" / "releases" / "compare_checkpoints.py"
-STEPS, SAVE_AT = 4, 2
-MISSING_TARGET = "megatron-npu: error: patch"  # the registry's line for a target missing in a claimed release
 LOSS_LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.Ee+-]+)")
 
 
-def selected() -> list[str]:
-    wanted = os.environ.get(SELECT_ENVVAR, "")
-    if wanted == "all":
-        return list(RELEASES)
-    if wanted:
-        return [name.strip() for name in wanted.split(",") if name.strip()]
-    # CI's budget holds two releases (the module docstring): the oldest, and the newest when its CUDA torch is cached
-    torch312 = (cache_dir() / "py3.12-torch" / READY).is_file()
-    return [name for name in CI_DEFAULT if RELEASES[name].python == "3.11" or torch312]
-
-
 def skipped_note() -> str:
-    left = sorted(set(RELEASES) - set(selected()))
+    left = sorted(set(RELEASES) - set(full_matrix_releases()))
     return f"not run: {', '.join(left)} (set {SELECT_ENVVAR}=all)" if left else ""
-
-
-def torchrun(python: Path, script: Path | str, *args: str, nproc: int, env: dict, module: bool = False) -> Job:
-    command = [str(python), "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1"]
-    command += ["--master_addr=127.0.0.1", f"--master_port={free_port()}", *(["--module"] if module else [])]
-    return run([*command, str(script), *args], env=env, timeout=900).check()
 
 
 def gpu_style(release: Release, python: Path, where: Path) -> dict:
@@ -94,9 +87,7 @@ def megatron_lm_flags(release: Release) -> list[str]:
 
 def megatron_lm(release: Release, python: Path, where: Path) -> dict:
     """That tag's pretrain_gpt.py: 6 iterations saving at 3 and 6, then a resume from 3 to 6: 2 launches."""
-    checkout = unpack(SHARED / release.tarball_name, where / "megatron-lm")
-    env = base_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(checkout), env["PYTHONPATH"]])
+    checkout, env = tag_checkout(release, where)
     script, flags = str(checkout / "pretrain_gpt.py"), megatron_lm_flags(release)
     save, resumed_save = where / "ckpt", where / "resumed"
     full = torchrun(python, "megatron_npu.run", script, *flags, "--save", str(save), nproc=1, env=env, module=True)
@@ -105,31 +96,64 @@ def megatron_lm(release: Release, python: Path, where: Path) -> dict:
     (resumed_save / "latest_checkpointed_iteration.txt").write_text("3")
     flags += ["--load", str(resumed_save), "--save", str(resumed_save)]
     resumed = torchrun(python, "megatron_npu.run", script, *flags, nproc=1, env=env, module=True)
-    doctor = run([str(python), "-m", "megatron_npu", "doctor", "--json"], env=env, timeout=300)
+    checked = doctor(python, env)
     checkpoints = [str(folder / "iter_0000006") for folder in (save, resumed_save)]
     compared = run([str(python), str(COMPARE), *checkpoints, str(where)], env=env, timeout=300).check()
-    return {"full": full, "resumed": resumed, "compared": compared.by_rank()[0], "doctor": doctor}
+    return {"full": full, "resumed": resumed, "compared": compared.by_rank()[0], "doctor": checked}
+
+
+# MoE on more than one rank: 4 experts over EP2 (expert TP1) beside TP2 x PP2 (its token dispatch, its SP gathers)
+PROJECT_MOE = ["--disable-bias-linear", "--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01"]
+PROJECT_MOE += ["--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"]
+PROJECT_MOE += ["--moe-token-dispatcher-type", "alltoall", "--sequence-parallel"]
 
 
 def project_flags(release: Release) -> list[str]:
-    flags = [*PROJECT_MODEL, *NO_DROPOUT, "--mock-data", "--tokenizer-type", "NullTokenizer"]
+    flags = [*PROJECT_MODEL, *NO_DROPOUT, *PROJECT_MOE, "--mock-data", "--tokenizer-type", "NullTokenizer"]
     flags += ["--vocab-size", str(release.vocab_size), "--train-iters", str(STEPS)]
     if release.minor < 15:  # megatron.core.tokenizers is new in 0.15: the trainer refuses it (one line) before
         flags.append("--legacy-tokenizer")
     return flags
 
 
+def checkpoint_flags(release: Release) -> list[str]:
+    """This project's checkpoint flags the release can honour (the trainer refuses the others at start-up): none
+    on 0.12 (no content metadata), the distributed optimizer's fully reshardable layout from 0.15."""
+    if release.minor < 13:
+        return []
+    return ["--save-interval", str(SAVE_AT), *(["--use-distributed-optimizer"] if release.minor >= 15 else [])]
+
+
 def project(release: Release, python: Path, where: Path) -> dict:
-    """This project's pretrain_gpt.py on the release under TP2 x PP2 (DP1, 4 micro-batches): 1 launch."""
-    log_dir = where / "project-tp2pp2" / "logs"
-    layout = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
-    job = torchrun(
-        python, PRETRAIN, *project_flags(release), *layout, "--log-dir", str(log_dir), nproc=4, env=base_env()
-    )
-    return {"project_tp2pp2": job, "project_losses": train_losses(log_dir.parent)}
+    """This project's pretrain_gpt.py on the release, MoE under TP2 x PP2 x EP2 (DP1, 4 micro-batches), saving every
+    SAVE_AT iterations where the release allows, then resumed from SAVE_AT to STEPS: 2 launches (0.12: 1)."""
+    run_dir, saving = where / "project-tp2pp2", checkpoint_flags(release)
+    flags = [*project_flags(release), "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
+    flags += saving
+    save = ["--save", str(run_dir / "ckpt")] if saving else []
+    job = torchrun(python, PRETRAIN, *flags, *save, "--log-dir", str(run_dir / "logs"), nproc=4, env=base_env())
+    runs = {"project_tp2pp2": job, "project_losses": train_losses(run_dir), "project_resumed_losses": None}
+    if saving:
+        resumed_dir = where / "project-resumed"
+        root = checkpoint_at(run_dir / "ckpt", SAVE_AT, resumed_dir / "ckpt")
+        resumed = torchrun(
+            python,
+            PRETRAIN,
+            *flags,
+            "--load",
+            str(root),
+            "--log-dir",
+            str(resumed_dir / "logs"),
+            nproc=4,
+            env=base_env(),
+        )
+        runs.update(project_resumed=resumed, project_resumed_losses=train_losses(resumed_dir))
+    return runs
 
 
-@pytest.fixture(scope="module", params=selected() or [pytest.param(None, marks=pytest.mark.skip(skipped_note()))])
+@pytest.fixture(
+    scope="module", params=full_matrix_releases() or [pytest.param(None, marks=pytest.mark.skip(skipped_note()))]
+)
 def release_runs(request, tmp_path_factory) -> dict:
     release = RELEASES[request.param]
     if interpreter(release.python) is None:
@@ -159,9 +183,6 @@ def release_runs(request, tmp_path_factory) -> dict:
 def rel_errors(runs: dict) -> dict:
     """The largest relative loss differences the tests bound, and whether the resumes were exact."""
 
-    def worst(actual: list[float], expected: list[float]) -> float:
-        return max(abs(a - e) / abs(e) for a, e in zip(actual, expected, strict=True))
-
     reference, dp2 = last_stage(runs["reference"]), runs["dp2"]
     full, resumed = losses(runs["full"]), losses(runs["resumed"])
     return {
@@ -170,37 +191,24 @@ def rel_errors(runs: dict) -> dict:
         "gpu_style_resume_exact": last_stage(dp2, "resumed") == last_stage(dp2, "uninterrupted")[SAVE_AT:],
         "megatron_lm_resume_exact": all(resumed.get(i) == full.get(i) for i in (4, 6)),
         "project_tp2pp2_losses": runs["project_losses"],
+        "project_resume_exact": project_resume_exact(runs),
     }
+
+
+def project_resume_exact(runs: dict) -> bool | None:
+    """Whether this project's resumed run logged the uninterrupted one's losses after SAVE_AT (None: not saved)."""
+    resumed = runs["project_resumed_losses"]
+    if resumed is None:
+        return None
+    return resumed == {i: v for i, v in runs["project_losses"].items() if i > SAVE_AT}
 
 
 def losses(job: Job) -> dict[int, float]:
     return {int(m.group(1)): float(m.group(2)) for m in map(LOSS_LINE.search, job.stdout.splitlines()) if m}
 
 
-def last_stage(results: dict, key: str = "losses") -> list[float]:
-    [found] = {json.dumps(r[key]) for r in results.values() if r[key]}  # every last-stage rank agrees
-    return json.loads(found)
-
-
-def assert_close(actual: list[float], expected: list[float], rel: float = 1e-5) -> None:
-    assert len(actual) == len(expected) == STEPS
-    for step, (a, e) in enumerate(zip(actual, expected, strict=True)):
-        assert abs(a - e) <= rel * abs(e), f"step {step}: {a} vs {e}"
-
-
 def test_doctor_is_clean_with_the_tags_megatron_lm(release_runs):
-    release, doctor = release_runs["release"], release_runs["doctor"]
-    assert doctor.returncode == 0, doctor.stdout[-2000:] + doctor.stderr[-2000:]
-    report = json.loads(doctor.stdout)
-    assert report["versions"]["megatron_core"] == report["patches_for_release"] == release.core
-    assert report["errors"] == [] and report["megatron_lm"]["tested"] is True
-    states = {row["name"]: row["state"] for row in report["patches"]}
-    assert "missing" not in states.values() and "pending" not in states.values(), states  # every target looked up
-    assert all(
-        states[name] == "applied" for name in report["megatron_lm"]["patches"] if states[name] != "other-release"
-    )
-    decoupled = "optimizer.get_standard_config_overrides.is_decoupled_lr"  # a target that exists only from 0.16
-    assert states[decoupled] == ("other-release" if release.minor < 16 else "applied")
+    assert_doctor_clean(release_runs["release"], release_runs["doctor"])
 
 
 def test_no_patch_claiming_the_release_misses_its_target_in_any_run(release_runs):
@@ -234,7 +242,17 @@ def test_megatron_lm_pretrain_gpt_trains_and_resumes_bit_exactly(release_runs):
     assert compared["same_keys"] and compared["keys"] > 16 and compared["unequal"] == []
 
 
-def test_this_projects_pretrain_gpt_trains_under_tp2_pp2(release_runs):
+def test_this_projects_pretrain_gpt_trains_moe_under_tp2_pp2_ep2(release_runs):
     trained = release_runs["project_losses"]
     assert sorted(trained) == list(range(1, STEPS + 1))
     assert all(math.isfinite(loss) for loss in trained.values()) and trained[STEPS] < trained[1]
+
+
+def test_this_projects_checkpoints_resume_exactly_where_the_release_has_the_format(release_runs):
+    release = release_runs["release"]
+    if not checkpoint_flags(release):
+        pytest.skip(f"megatron-core {release.core}: the trainer refuses --save / --load (test_compat_shims.py)")
+    resumed = release_runs["project_resumed"]
+    assert "successfully loaded checkpoint" in resumed.stdout
+    assert sorted(release_runs["project_resumed_losses"]) == list(range(SAVE_AT + 1, STEPS + 1))
+    assert project_resume_exact(release_runs) is True

@@ -1,0 +1,98 @@
+"""What the release matrix (test_release_matrix.py, the full check) and its quick check (test_release_quick.py)
+share: which releases each runs, a launch in a release's venv, the doctor with the tag's Megatron-LM checkout,
+and the comparisons of RESULT lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from distributed import ROOT, Job, base_env, free_port, run  # noqa: E402
+from envs import READY, RELEASES, Release, cache_dir, interpreter  # noqa: E402
+from megatron_lm_checkout import unpack  # noqa: E402
+
+SELECT_ENVVAR = "MEGATRON_NPU_RELEASES"
+CI_DEFAULT = ("0.12.1", "0.19.2")
+SHARED = ROOT.parent / "shared" / "megatron-lm"
+STEPS, SAVE_AT = 4, 2
+MISSING_TARGET = "megatron-npu: error: patch"  # the registry's line for a target missing in a claimed release
+DECOUPLED = "optimizer.get_standard_config_overrides.is_decoupled_lr"  # a patch target that exists only from 0.16
+
+
+def torch312_cached() -> bool:
+    return (cache_dir() / "py3.12-torch" / READY).is_file()
+
+
+def full_matrix_releases() -> list[str]:
+    """The releases the full matrix runs: ``MEGATRON_NPU_RELEASES`` (comma-separated, or ``all``), else CI's two:
+    the oldest, and the newest when its Python 3.12 CUDA torch is cached."""
+    wanted = os.environ.get(SELECT_ENVVAR, "")
+    if wanted == "all":
+        return list(RELEASES)
+    if wanted:
+        return [name.strip() for name in wanted.split(",") if name.strip()]
+    return [name for name in CI_DEFAULT if RELEASES[name].python == "3.11" or torch312_cached()]
+
+
+def unavailable(release: Release) -> str | None:
+    """Why ``release``'s venv cannot be had within seconds here (one line), or None: a 3.11 venv builds from pip's
+    cache in 12-30 s; a 3.12 one needs the shared CUDA torch venv, a 22-minute cold install."""
+    if interpreter(release.python) is None:
+        return f"no python{release.python} on this machine for megatron-core {release.core}"
+    if release.python == "3.12" and not torch312_cached():
+        return (
+            f"megatron-core {release.core}: the Python 3.12 CUDA torch is not cached "
+            f"(a 22-minute install: python tests/releases/envs.py {release.core})"
+        )
+    return None
+
+
+def torchrun(python: Path, script: Path | str, *args: str, nproc: int, env: dict, module: bool = False) -> Job:
+    command = [str(python), "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1"]
+    command += ["--master_addr=127.0.0.1", f"--master_port={free_port()}", *(["--module"] if module else [])]
+    return run([*command, str(script), *args], env=env, timeout=900).check()
+
+
+def tag_checkout(release: Release, where: Path) -> tuple[Path, dict]:
+    """That tag's Megatron-LM training stack unpacked under ``where``, and an environment with it on the path."""
+    checkout = unpack(SHARED / release.tarball_name, where / "megatron-lm")
+    env = base_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(checkout), env["PYTHONPATH"]])
+    return checkout, env
+
+
+def doctor(python: Path, env: dict) -> Job:
+    return run([str(python), "-m", "megatron_npu", "doctor", "--json"], env=env, timeout=300)
+
+
+def assert_doctor_clean(release: Release, job: Job) -> None:
+    """Every patch claiming the release found its target (megatron/training's included), none left pending."""
+    assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
+    report = json.loads(job.stdout)
+    assert report["versions"]["megatron_core"] == report["patches_for_release"] == release.core
+    assert report["errors"] == [] and report["megatron_lm"]["tested"] is True
+    states = {row["name"]: row["state"] for row in report["patches"]}
+    assert "missing" not in states.values() and "pending" not in states.values(), states  # every target looked up
+    assert all(
+        states[name] == "applied" for name in report["megatron_lm"]["patches"] if states[name] != "other-release"
+    )
+    assert states[DECOUPLED] == ("other-release" if release.minor < 16 else "applied")
+
+
+def last_stage(results: dict, key: str = "losses") -> list[float]:
+    """The losses every last-stage rank reported (they agree); other ranks report none."""
+    [found] = {json.dumps(r[key]) for r in results.values() if r[key]}
+    return json.loads(found)
+
+
+def worst(actual: list[float], expected: list[float]) -> float:
+    return max(abs(a - e) / abs(e) for a, e in zip(actual, expected, strict=True))
+
+
+def assert_close(actual: list[float], expected: list[float], rel: float = 1e-5) -> None:
+    assert len(actual) == len(expected) == STEPS
+    for step, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        assert abs(a - e) <= rel * abs(e), f"step {step}: {a} vs {e}"
