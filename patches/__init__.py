@@ -6,6 +6,7 @@ target no patch applies: megatron-core runs as upstream.
 """
 
 from . import (  # noqa: F401  (importing registers the patches)
+    adam_step,
     context_parallel,
     device_arguments,
     distributed,

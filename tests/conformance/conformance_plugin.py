@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import faulthandler
 import gc
+import importlib.util
 import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -57,6 +59,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config._conformance_stacks = _stack_file()  # type: ignore[attr-defined]
     faulthandler.register(signal.SIGTERM, file=config._conformance_stacks, all_threads=True, chain=True)
     _quiet_torch_debug_logging()
+    _patch_spawned_children()
+
+
+def _patch_spawned_children() -> None:
+    """Harness: a process started with multiprocessing's spawn method (megatron-core's persistent async
+    checkpoint writer) is a fresh interpreter that imports only what ``__main__``'s spec names, and
+    ``pytest.__main__`` it skips: the child ran unpatched, raised ZeroDivisionError on CUDA's device count
+    of 0, and its parent waited forever (dist_checkpointing/test_async_save.py hung). A user's run through
+    ``-m megatron_npu.run`` gets patched children from that module's ``__mp_main__`` branch: the same here."""
+    main = sys.modules.get("__main__")
+    if main is not None:
+        main.__spec__ = importlib.util.find_spec("megatron_npu.run")
 
 
 def _quiet_torch_debug_logging() -> None:

@@ -49,7 +49,11 @@ def _free_port() -> int:
 def _environment(out: Path, timeout: float, deselect: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("MEGATRON_NPU_DEVICE", "cpu")
-    tmp = WORKDIR / "tmp"  # short: the async checkpoint writer's unix socket path lives here
+    # Short: the async checkpoint writer's unix socket path lives here. One per run: the suite's checkpoint
+    # directory is TMPDIR/pytest-of-USER/tmp_dist_ckpt, which each session's rank 0 removes at its end, so two
+    # runs side by side removed each other's checkpoints (test_optimizer.py: "Checkpoint directory ... does
+    # not exist").
+    tmp = WORKDIR / "tmp" / str(os.getpid())
     tmp.mkdir(parents=True, exist_ok=True)
     env.update(
         CONFORMANCE_OUT=str(out),

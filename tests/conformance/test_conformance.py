@@ -7,6 +7,7 @@ folders: python -m tests.conformance.run."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -101,3 +102,49 @@ def test_a_resumed_run_keeps_finished_tests_and_reruns_the_one_a_kill_interrupte
     (attempt / "seconds.txt").write_text("12.5")
     kept, seconds, count = _earlier_attempts(tmp_path)
     assert set(merge(kept)) == {"done"} and seconds == 12.5 and count == 1
+
+
+_PROBE_MODULE = """
+import sys
+
+def probe(queue):
+    import torch
+    patched = "megatron_npu" in sys.modules and bool(sys.modules["megatron_npu"].applied_patches())
+    queue.put((patched, torch.cuda.device_count()))
+"""
+_PROBE_MAIN = """
+import sys
+if __name__ == "__main__":  # like pytest's __main__: a spawn child does not run this
+    import multiprocessing
+    sys.path[:0] = sys.argv[1:]
+    import conformance_plugin, probe_module
+    conformance_plugin._patch_spawned_children()
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=probe_module.probe, args=(queue,))
+    child.start()
+    print("CHILD", *queue.get(timeout=240))
+    child.join()
+"""
+
+
+@pytest.mark.launch
+def test_a_spawned_child_of_a_conformance_rank_runs_on_the_patch_layer(tmp_path):
+    """dist_checkpointing/test_async_save.py hung: megatron-core's persistent async writer is a spawn child, which
+    ran unpatched (torch.cuda.device_count() 0: ZeroDivisionError) while its parent waited on it."""
+    from .run import PLUGIN_DIR
+
+    (tmp_path / "probe_module.py").write_text(_PROBE_MODULE)
+    (tmp_path / "main.py").write_text(_PROBE_MAIN)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    job = subprocess.run(
+        [sys.executable, str(tmp_path / "main.py"), str(PLUGIN_DIR), str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert job.returncode == 0, job.stderr[-3000:]
+    patched, devices = job.stdout.split("CHILD")[-1].split()
+    assert patched == "True" and int(devices) >= 1  # CUDA's count on CPU torch is 0

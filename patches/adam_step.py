@@ -1,0 +1,94 @@
+"""The torch Adam fallback's missing ``step``: megatron-core writes Apex/TE FusedAdam's state layout into torch's Adam.
+
+Without Apex or Transformer Engine (always so on npu and cpu) megatron-core builds ``torch.optim.AdamW``,
+but its ``init_state_fn`` for Adam still writes what FusedAdam keeps per parameter, ``exp_avg`` and
+``exp_avg_sq``: FusedAdam counts steps in its param groups, torch's Adam in each parameter's state, and
+takes a non-empty state without ``step`` for a broken one. Every reader of such a state then fails with
+``KeyError: 'step'``: the distributed optimizer's ``state_dict`` (which collects the torch step from the
+per-parameter states), torch's ``load_state_dict`` (``Adam.__setstate__``) under the mixed-precision and
+fp32 optimizers, and torch's next ``step()``. Found by megatron-core's own
+``dist_checkpointing/test_optimizer.py`` (64 failures: its helper initialises the state as
+``init_state_fn`` does). On 0.12-0.19 the code is the same; with TE or Apex nothing here applies.
+
+The answer is torch's own: a parameter whose state has no ``step`` has not been stepped, step 0
+(``torch.optim.Adam`` starts each state at 0.0 and counts from there).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from megatron_npu.accelerator.base import Accelerator
+from megatron_npu.registry import register
+
+SUBSYSTEM = "optimizer"
+RELEASES = ">=0.12.0,<0.20"  # init_state_fn and the readers below read alike on 0.12.1 ... 0.19.2
+_OPTIMIZER = "megatron.core.optimizer.optimizer"
+_DIST_OPT = "megatron.core.optimizer.distrib_optimizer"
+
+
+def is_torch_adam(optimizer: Any) -> bool:
+    return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW))
+
+
+def complete_steps(states: Iterable[Any]) -> int:
+    """Give every non-empty per-parameter Adam state without ``step`` torch's initial one; return how many."""
+    completed = 0
+    for state in states:
+        if isinstance(state, dict) and state and "step" not in state:
+            state["step"] = torch.tensor(0.0)
+            completed += 1
+    return completed
+
+
+@register(
+    "distrib_optimizer.state_dict.torch_adam_step",
+    f"{_DIST_OPT}:DistributedOptimizer.state_dict",
+    reason="without Apex/TE reads s['step'] from every torch Adam state, which megatron-core's own init_state_fn "
+    "leaves out (FusedAdam's layout): KeyError 'step' on save; a state without step is an unstepped one (0)",
+    subsystem=SUBSYSTEM,
+    megatron_versions=RELEASES,
+)
+def _dist_state_dict(original: Callable, accelerator: Accelerator) -> Callable:
+    @functools.wraps(original)
+    def state_dict(self: Any) -> Any:
+        if is_torch_adam(getattr(self, "optimizer", None)):
+            complete_steps(self.optimizer.state.values())
+        return original(self)
+
+    return state_dict
+
+
+def _incoming_states(state_dict: Any) -> Iterable[Any]:
+    """The per-parameter states of a megatron optimizer's state dict (``optimizer`` / ``optimizer_state_dict``
+    wrapping torch's, or torch's own), less the ``common_step`` megatron-core keeps beside them."""
+    if not isinstance(state_dict, dict):
+        return ()
+    inner = state_dict.get("optimizer", state_dict.get("optimizer_state_dict", state_dict))
+    states = inner.get("state", {}) if isinstance(inner, dict) else {}
+    return (value for key, value in states.items() if key != "common_step")
+
+
+def _completing_load(original: Callable, accelerator: Accelerator) -> Callable:
+    @functools.wraps(original)
+    def load_state_dict(self: Any, state_dict: Any) -> Any:
+        if is_torch_adam(getattr(self, "optimizer", None)):
+            complete_steps(_incoming_states(state_dict))  # a common_step, where saved, still wins
+        return original(self, state_dict)
+
+    return load_state_dict
+
+
+for _owner in ("Float16OptimizerWithFloat16Params", "FP32Optimizer"):
+    register(
+        f"optimizer.{_owner}.load_state_dict.torch_adam_step",
+        f"{_OPTIMIZER}:{_owner}.load_state_dict",
+        reason="hands torch Adam a state without 'step' (init_state_fn's FusedAdam layout; a save before the first "
+        "step keeps no common_step, 'if step:' drops 0): Adam.__setstate__ raises KeyError 'step'; completed with 0",
+        subsystem=SUBSYSTEM,
+        megatron_versions=RELEASES,
+    )(_completing_load)

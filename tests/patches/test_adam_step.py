@@ -1,0 +1,78 @@
+"""patches/adam_step.py: megatron-core's torch-Adam fallback with the state its own init_state_fn writes
+(exp_avg, exp_avg_sq, no 'step'), on a 1-rank gloo world. Found by megatron-core's
+dist_checkpointing/test_optimizer.py (KeyError: 'step', 64 tests)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import megatron_npu  # noqa: F401  (patches on import)
+
+
+def _model(ddp: bool) -> torch.nn.Module:
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.transformer.module import MegatronModule
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(num_layers=1, hidden_size=4, num_attention_heads=1)
+
+    class Tiny(MegatronModule):
+        def __init__(self) -> None:
+            super().__init__(config)
+            self.linear = torch.nn.Linear(4, 4)
+
+    torch.manual_seed(0)
+    module = Tiny()
+    ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=ddp)
+    if ddp:
+        return DistributedDataParallel(config, ddp_config, module)
+    module.ddp_config = ddp_config  # what a DDP-wrapped chunk carries
+    return module
+
+
+def _optimizer(distributed: bool, bf16: bool = False) -> tuple[torch.nn.Module, object]:
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    model = _model(distributed)
+    config = OptimizerConfig(
+        optimizer="adam", lr=0.1, weight_decay=0.0, bf16=bf16, use_distributed_optimizer=distributed
+    )
+    optimizer = get_megatron_optimizer(config, [model]).chained_optimizers[0]
+    assert isinstance(optimizer.optimizer, torch.optim.AdamW)  # the torch fallback: no Apex / TE here
+    optimizer.init_state_fn(optimizer.optimizer, config)  # megatron-core's own: no 'step'
+    assert all("step" not in state for state in optimizer.optimizer.state.values())
+    return model, optimizer
+
+
+def test_distributed_optimizer_state_dict_reads_an_unstepped_state_as_step_0(model_parallel):
+    """distrib_optimizer.py state_dict: KeyError 'step' (48 tests of dist_checkpointing/test_optimizer.py)."""
+    _, optimizer = _optimizer(distributed=True)
+    state = optimizer.state_dict()
+    assert [group["step"] for group in state["optimizer"]["param_groups"]] == [0.0] * len(optimizer.param_groups)
+
+
+@pytest.mark.parametrize("bf16", [True, False], ids=["float16_optimizer", "fp32_optimizer"])
+def test_a_state_saved_before_the_first_step_loads_and_steps_as_a_fresh_one(model_parallel, bf16):
+    """Float16OptimizerWithFloat16Params / FP32Optimizer.load_state_dict: torch Adam.__setstate__ KeyError
+    'step' (16 tests); after the load the first step equals a fresh torch AdamW's first step."""
+    model, optimizer = _optimizer(distributed=False, bf16=bf16)
+    saved = copy.deepcopy(optimizer.state_dict())
+    optimizer.load_state_dict(saved)
+    assert all(float(state["step"]) == 0.0 for state in optimizer.optimizer.state.values())
+
+    params = list(model.parameters())
+    reference = [p.detach().clone().float().requires_grad_() for p in params]
+    fresh = torch.optim.AdamW(reference, lr=0.1, weight_decay=0.0)
+    for param, ref in zip(params, reference, strict=True):
+        grad = torch.full_like(ref, 0.5)
+        ref.grad = grad
+        param.main_grad = grad.to(param.dtype) if bf16 else grad
+        param.grad = param.main_grad
+    optimizer.config.use_distributed_optimizer = False
+    assert optimizer.step()[0]
+    fresh.step()
+    for param, ref in zip(params, reference, strict=True):
+        torch.testing.assert_close(param.detach().float(), ref.detach(), rtol=1e-2 if bf16 else 0, atol=0)
