@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -13,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from distributed import ROOT, Job, base_env, free_port, run  # noqa: E402
 from envs import READY, RELEASES, Release, cache_dir, interpreter  # noqa: E402
 from megatron_lm_checkout import unpack  # noqa: E402
+from pretrain_runs import MODEL as PROJECT_MODEL  # noqa: E402
+from pretrain_runs import NO_DROPOUT  # noqa: E402
 
 SELECT_ENVVAR = "MEGATRON_NPU_RELEASES"
 CI_DEFAULT = ("0.12.1", "0.19.2")
@@ -20,6 +23,8 @@ SHARED = ROOT.parent / "shared" / "megatron-lm"
 STEPS, SAVE_AT = 4, 2
 MISSING_TARGET = "megatron-npu: error: patch"  # the registry's line for a target missing in a claimed release
 DECOUPLED = "optimizer.get_standard_config_overrides.is_decoupled_lr"  # a patch target that exists only from 0.16
+COMPARE = ROOT / "tests" / "releases" / "compare_checkpoints.py"
+LOSS_LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.Ee+-]+)")
 
 
 def torch312_cached() -> bool:
@@ -96,3 +101,50 @@ def assert_close(actual: list[float], expected: list[float], rel: float = 1e-5) 
     assert len(actual) == len(expected) == STEPS
     for step, (a, e) in enumerate(zip(actual, expected, strict=True)):
         assert abs(a - e) <= rel * abs(e), f"step {step}: {a} vs {e}"
+
+
+def megatron_lm_flags(release: Release) -> list[str]:
+    vocab = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(release.vocab_size)]
+    flags = [*PROJECT_MODEL, "--eval-interval", "1000", *NO_DROPOUT, *vocab, "--train-iters", "6"]
+    flags += ["--use-distributed-optimizer", "--save-interval", "3"]
+    if release.minor >= 15:  # the fully reshardable optimizer layout (the flag is new in core_v0.15)
+        flags.append("--dist-ckpt-optim-fully-reshardable")
+    return flags
+
+
+def megatron_lm_train_and_resume(release: Release, python: Path, checkout: Path, env: dict, where: Path) -> dict:
+    """That tag's pretrain_gpt.py through ``-m megatron_npu.run`` on one rank: 6 iterations saving at 3 and 6, a
+    resume from 3 to 6, and every tensor of the two iteration-6 checkpoints compared (2 launches, one process)."""
+    script, flags = str(checkout / "pretrain_gpt.py"), megatron_lm_flags(release)
+    save, resumed_save = where / "ckpt", where / "resumed"
+    where.mkdir(parents=True, exist_ok=True)
+    full = torchrun(python, "megatron_npu.run", script, *flags, "--save", str(save), nproc=1, env=env, module=True)
+    resumed_save.mkdir()
+    (resumed_save / "iter_0000003").symlink_to(save / "iter_0000003", target_is_directory=True)
+    (resumed_save / "latest_checkpointed_iteration.txt").write_text("3")
+    flags += ["--load", str(resumed_save), "--save", str(resumed_save)]
+    resumed = torchrun(python, "megatron_npu.run", script, *flags, nproc=1, env=env, module=True)
+    checkpoints = [str(folder / "iter_0000006") for folder in (save, resumed_save)]
+    compared = run([str(python), str(COMPARE), *checkpoints, str(where)], env=env, timeout=300).check()
+    return {"full": full, "resumed": resumed, "compared": compared.by_rank()[0]}
+
+
+def losses(job: Job) -> dict[int, float]:
+    """Megatron-LM's iteration lines' ``lm loss`` by iteration."""
+    return {int(m.group(1)): float(m.group(2)) for m in map(LOSS_LINE.search, job.stdout.splitlines()) if m}
+
+
+def megatron_lm_resumed_exactly(runs: dict) -> bool:
+    full, resumed = losses(runs["full"]), losses(runs["resumed"])
+    return all(resumed.get(i) == full.get(i) for i in (4, 6))
+
+
+def assert_megatron_lm_trains_and_resumes_bit_exactly(runs: dict) -> None:
+    full, resumed = losses(runs["full"]), losses(runs["resumed"])
+    assert sorted(full) == [1, 2, 3, 4, 5, 6] and sorted(resumed) == [4, 5, 6]
+    assert full[6] < full[1]
+    # Megatron-LM's second log line of a process averages two iterations (its accumulator): compare 4 and 6
+    assert resumed[4] == full[4] and resumed[6] == full[6]
+    # every tensor of the iteration-6 checkpoints (model, optimizer state), compared in the release's venv
+    compared = runs["compared"]
+    assert compared["same_keys"] and compared["keys"] > 16 and compared["unequal"] == []

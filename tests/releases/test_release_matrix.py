@@ -14,7 +14,8 @@ Which releases: ``MEGATRON_NPU_RELEASES`` (comma-separated, or ``all``). By defa
 (MindSpeed-LLM's pin; the releases-only patches of patches/release_fixes.py and most compat shims), and 0.19.2,
 the newest (Python 3.12, triton stand-ins, 0.17+'s tokenizer and spec builders), only when the cache already holds
 the Python 3.12 CUDA torch (cold, that install took 22 min here: build it with ``python tests/releases/envs.py
-0.17.1 0.18.2 0.19.2``). Every other release gets test_release_quick.py's two-process check in CI instead.
+0.17.1 0.18.2 0.19.2``). Every other release gets test_release_quick.py's quick check in CI instead (the doctor, the
+GPU-style layouts in one launch, and the tag's Megatron-LM pretrain_gpt.py trained and resumed).
 Measured on 2 shared cores (seconds: GPU-style + Megatron-LM + this project's runs, one release at a time, venvs
 cached; a 3.11 venv builds in 12-30 s from pip's wheel cache): 0.12.1 58 + 39 + 30 (one project launch), 0.13.1
 58 + 46 + 63, 0.14.0 65 + 51 + 55, 0.15.3 192 + 207 + 157 (load ~50), 0.17.1 43 + 43 + 70, 0.18.2 115 + 137 + 207
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from distributed import ROOT, Job, base_env, run  # noqa: E402
+from distributed import ROOT, Job, base_env  # noqa: E402
 from envs import RELEASES, Release, interpreter, release_env  # noqa: E402
 from pretrain_runs import MODEL as PROJECT_MODEL  # noqa: E402
 from pretrain_runs import NO_DROPOUT, PRETRAIN, checkpoint_at, train_losses  # noqa: E402
@@ -44,9 +44,12 @@ from release_checks import (  # noqa: E402
     STEPS,
     assert_close,
     assert_doctor_clean,
+    assert_megatron_lm_trains_and_resumes_bit_exactly,
     doctor,
     full_matrix_releases,
     last_stage,
+    megatron_lm_resumed_exactly,
+    megatron_lm_train_and_resume,
     tag_checkout,
     torchrun,
     worst,
@@ -55,8 +58,6 @@ from release_checks import (  # noqa: E402
 pytestmark = pytest.mark.launch
 FIXTURE = ROOT / "tests" / "fixtures" / "gpu_style_gpt.py"
 RESUME = ROOT / "tests" / "releases" / "gpu_style_resume.py"
-COMPARE = ROOT / "tests" / "releases" / "compare_checkpoints.py"
-LOSS_LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.Ee+-]+)")
 
 
 def skipped_note() -> str:
@@ -76,30 +77,10 @@ def gpu_style(release: Release, python: Path, where: Path) -> dict:
     return {"jobs": jobs, **{name: job.by_rank() for name, job in jobs.items()}}
 
 
-def megatron_lm_flags(release: Release) -> list[str]:
-    vocab = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(release.vocab_size)]
-    flags = [*PROJECT_MODEL, "--eval-interval", "1000", *NO_DROPOUT, *vocab, "--train-iters", "6"]
-    flags += ["--use-distributed-optimizer", "--save-interval", "3"]
-    if release.minor >= 15:  # the fully reshardable optimizer layout (the flag is new in core_v0.15)
-        flags.append("--dist-ckpt-optim-fully-reshardable")
-    return flags
-
-
 def megatron_lm(release: Release, python: Path, where: Path) -> dict:
-    """That tag's pretrain_gpt.py: 6 iterations saving at 3 and 6, then a resume from 3 to 6: 2 launches."""
+    """That tag's pretrain_gpt.py trained and resumed (release_checks.py), and the doctor with its checkout."""
     checkout, env = tag_checkout(release, where)
-    script, flags = str(checkout / "pretrain_gpt.py"), megatron_lm_flags(release)
-    save, resumed_save = where / "ckpt", where / "resumed"
-    full = torchrun(python, "megatron_npu.run", script, *flags, "--save", str(save), nproc=1, env=env, module=True)
-    resumed_save.mkdir()
-    (resumed_save / "iter_0000003").symlink_to(save / "iter_0000003", target_is_directory=True)
-    (resumed_save / "latest_checkpointed_iteration.txt").write_text("3")
-    flags += ["--load", str(resumed_save), "--save", str(resumed_save)]
-    resumed = torchrun(python, "megatron_npu.run", script, *flags, nproc=1, env=env, module=True)
-    checked = doctor(python, env)
-    checkpoints = [str(folder / "iter_0000006") for folder in (save, resumed_save)]
-    compared = run([str(python), str(COMPARE), *checkpoints, str(where)], env=env, timeout=300).check()
-    return {"full": full, "resumed": resumed, "compared": compared.by_rank()[0], "doctor": checked}
+    return {**megatron_lm_train_and_resume(release, python, checkout, env, where), "doctor": doctor(python, env)}
 
 
 # MoE on more than one rank: 4 experts over EP2 (expert TP1) beside TP2 x PP2 (its token dispatch, its SP gathers)
@@ -184,12 +165,11 @@ def rel_errors(runs: dict) -> dict:
     """The largest relative loss differences the tests bound, and whether the resumes were exact."""
 
     reference, dp2 = last_stage(runs["reference"]), runs["dp2"]
-    full, resumed = losses(runs["full"]), losses(runs["resumed"])
     return {
         "gpu_style_tp2pp2": worst(last_stage(runs["tp2pp2"]), reference),
         "gpu_style_pp2dp2_dist_opt": worst(last_stage(dp2, "uninterrupted"), reference),
         "gpu_style_resume_exact": last_stage(dp2, "resumed") == last_stage(dp2, "uninterrupted")[SAVE_AT:],
-        "megatron_lm_resume_exact": all(resumed.get(i) == full.get(i) for i in (4, 6)),
+        "megatron_lm_resume_exact": megatron_lm_resumed_exactly(runs),
         "project_tp2pp2_losses": runs["project_losses"],
         "project_resume_exact": project_resume_exact(runs),
     }
@@ -201,10 +181,6 @@ def project_resume_exact(runs: dict) -> bool | None:
     if resumed is None:
         return None
     return resumed == {i: v for i, v in runs["project_losses"].items() if i > SAVE_AT}
-
-
-def losses(job: Job) -> dict[int, float]:
-    return {int(m.group(1)): float(m.group(2)) for m in map(LOSS_LINE.search, job.stdout.splitlines()) if m}
 
 
 def test_doctor_is_clean_with_the_tags_megatron_lm(release_runs):
@@ -232,14 +208,7 @@ def test_gpu_style_dist_checkpoint_resume_is_exact(release_runs):
 
 
 def test_megatron_lm_pretrain_gpt_trains_and_resumes_bit_exactly(release_runs):
-    full, resumed = losses(release_runs["full"]), losses(release_runs["resumed"])
-    assert sorted(full) == [1, 2, 3, 4, 5, 6] and sorted(resumed) == [4, 5, 6]
-    assert full[6] < full[1]
-    # Megatron-LM's second log line of a process averages two iterations (its accumulator): compare 4 and 6
-    assert resumed[4] == full[4] and resumed[6] == full[6]
-    # every tensor of the iteration-6 checkpoints (model, optimizer state), compared in the release's venv
-    compared = release_runs["compared"]
-    assert compared["same_keys"] and compared["keys"] > 16 and compared["unequal"] == []
+    assert_megatron_lm_trains_and_resumes_bit_exactly(release_runs)
 
 
 def test_this_projects_pretrain_gpt_trains_moe_under_tp2_pp2_ep2(release_runs):
