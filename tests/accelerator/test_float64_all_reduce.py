@@ -4,6 +4,8 @@ all-reduce (HCCL), the patch set reduces them exactly from gathered bytes, so th
 never sees a float64 tensor and every rank gets the exact answer in its own tensor."""
 
 import os
+import queue as queues
+import time
 
 import torch
 import torch.distributed as dist
@@ -15,6 +17,7 @@ from megatron_npu.registry import REGISTRY
 from tests.distributed import free_port
 
 WORLD = 3
+HANG_GUARD_S = 600  # only a hang reaches it: a busy 2-core machine spawns and imports slowly
 # seconds since the epoch, 1 ms apart: float32 rounds all three to the same value
 TIMESTAMPS = [1_764_745_200.125, 1_764_745_200.124, 1_764_745_200.126]
 
@@ -45,6 +48,22 @@ def _worker(rank: int, port: int, queue) -> None:
     dist.destroy_process_group()
 
 
+def _answers(procs: list, queue) -> dict:
+    """Every worker's answers, waiting on the workers themselves: a crashed one fails at once, a slow one is
+    waited for."""
+    answers: dict = {}
+    deadline = time.monotonic() + HANG_GUARD_S
+    while len(answers) < len(procs):
+        try:
+            rank, found = queue.get(timeout=1)
+            answers[rank] = found
+        except queues.Empty:
+            crashed = [proc.exitcode for proc in procs if proc.exitcode not in (None, 0)]
+            assert not crashed, f"a worker exited with {crashed} before answering"
+            assert time.monotonic() < deadline, f"no answer from {len(procs) - len(answers)} workers: a hang"
+    return answers
+
+
 def test_float64_reductions_are_exact_and_never_reach_the_library():
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -52,9 +71,9 @@ def test_float64_reductions_are_exact_and_never_reach_the_library():
     procs = [ctx.Process(target=_worker, args=(rank, port, queue)) for rank in range(WORLD)]
     for proc in procs:
         proc.start()
-    results = dict(queue.get(timeout=120) for _ in procs)
+    results = _answers(procs, queue)
     for proc in procs:
-        proc.join(timeout=60)
+        proc.join(timeout=HANG_GUARD_S)
         assert proc.exitcode == 0
     values = torch.tensor(TIMESTAMPS, dtype=torch.float64)
     expected = {
