@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(RUFF is None, reason="ruff is in the [test] extr
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([RUFF, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run([RUFF, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.launch

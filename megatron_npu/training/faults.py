@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 INJECT_ENV = "MEGATRON_NPU_INJECT_FAULT"
 KINDS = ("kill", "raise", "nan", "nan-grad", "hang", "pause-save")
-PAUSE_S = 600.0
+PAUSE_S = 3600.0  # longer than any test waits: a job that ends did not wait it out
 
 
 class NonFiniteValue(Exception):

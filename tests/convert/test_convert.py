@@ -252,7 +252,7 @@ def test_refusals_name_the_fix(models: dict, tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         env=base_env(),
-        timeout=120,
+        timeout=600,
     )
     assert job.returncode == 2
     assert job.stderr.strip().splitlines() == [

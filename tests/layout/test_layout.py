@@ -590,7 +590,7 @@ def test_rank_table_refusals(capsys):
 # ---- launch script ----------------------------------------------------------------------------
 def run_script(*args: str, **env: str) -> subprocess.CompletedProcess:
     full = {**os.environ, "PYTHON": sys.executable, **env}
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=full, timeout=120)
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=full, timeout=600)
 
 
 @pytest.mark.launch

@@ -141,7 +141,7 @@ def test_p2p_two_processes(tmp_path):
         )
         for r in (0, 1)
     ]
-    outs = [p.communicate(timeout=120) for p in procs]
+    outs = [p.communicate(timeout=600) for p in procs]
     for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-2000:]
     for out, _ in outs:

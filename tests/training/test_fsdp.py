@@ -273,7 +273,7 @@ def test_megatron_fsdp_takes_expert_and_context_parallelism_and_refuses_pipeline
 
 @pytest.mark.launch
 def test_every_rank_stops_at_start_up_on_a_bad_fsdp_combination():
-    job = torchrun(PRETRAIN, *BASE, *TORCH_FSDP2, "--use-distributed-optimizer", nproc=2, timeout=180)
+    job = torchrun(PRETRAIN, *BASE, *TORCH_FSDP2, "--use-distributed-optimizer", nproc=2, timeout=600)
     assert job.returncode != 0
     assert job.stderr.count("megatron-npu: error: --use-torch-fsdp2 is not supported with megatron-core's") == 1
     assert "[rank0]: Traceback" not in job.stderr and "[rank1]: Traceback" not in job.stderr

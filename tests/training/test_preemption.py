@@ -31,7 +31,7 @@ def _launch_and_signal(run_dir, *flags: str) -> tuple[int, str]:
     with running(command, env=base_env(), timeout_s=300) as job:
         job.wait_until(lambda: logged_iterations() >= PREEMPTED_AFTER, f"{PREEMPTED_AFTER} logged iterations")
         job.process.send_signal(signal.SIGTERM)
-        returncode = job.process.wait(timeout=120)
+        returncode = job.process.wait(timeout=600)
         return returncode, job.log()
 
 

@@ -105,7 +105,7 @@ def test_command_line_error_has_no_traceback():
     job = run(
         [sys.executable, str(PRETRAIN), *flags("--pipeline-model-parallel-size", "3")],
         env=base_env(WORLD_SIZE="3", RANK="0"),
-        timeout=120,
+        timeout=600,
     )
     assert job.returncode == 2
     assert "megatron-npu: error:" in job.stderr and "--num-layers" in job.stderr
@@ -114,7 +114,7 @@ def test_command_line_error_has_no_traceback():
 
 @pytest.mark.launch
 def test_every_rank_of_a_torchrun_job_exits_on_a_bad_layout():
-    job = torchrun(PRETRAIN, *flags("--tensor-model-parallel-size", "4"), nproc=2, timeout=180)
+    job = torchrun(PRETRAIN, *flags("--tensor-model-parallel-size", "4"), nproc=2, timeout=600)
     assert job.returncode != 0
     # torchrun's failure summary names the message once, as the root cause, whichever rank exits first
     assert job.stderr.count("megatron-npu: error:") == 1, job.stderr

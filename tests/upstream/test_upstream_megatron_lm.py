@@ -199,7 +199,7 @@ def test_another_megatron_lm_version_is_one_error_naming_both(megatron_lm, tmp_p
     job = run(
         [sys.executable, "-m", "megatron_npu.run", str(other / "pretrain_gpt.py"), *MODEL],
         env=env_for(other),
-        timeout=120,
+        timeout=600,
     )
     assert job.returncode == 2, job.stderr[-3000:]
     assert "Megatron-LM 0.15.2" in job.stderr and "core_v0.16.1" in job.stderr
@@ -218,7 +218,7 @@ def test_device_impossible_flag_is_one_line_before_any_process_group(megatron_lm
             "hybrid",
         ],
         env=env_for(megatron_lm),
-        timeout=120,
+        timeout=600,
     )
     assert job.returncode == 2
     assert "--fp8-format hybrid is not supported" in job.stderr or "--fp8-format is not supported" in job.stderr
@@ -258,14 +258,14 @@ OWN_DEFAULTS = {
 
 
 def test_every_flag_of_megatron_lm_core_v0_16_1_is_accepted_or_answered_by_the_policy(megatron_lm):
-    job = run([sys.executable, "-c", _SURFACE], env=env_for(megatron_lm), timeout=180).check()
+    job = run([sys.executable, "-c", _SURFACE], env=env_for(megatron_lm), timeout=600).check()
     surface = json.loads(job.stdout.strip().splitlines()[-1])
     assert surface["uncovered"] == [], "flags neither accepted nor in megatron_npu/policy.py"
     assert set(surface["defaults"]) == set(OWN_DEFAULTS), surface["defaults"]
 
 
 def test_missing_script_is_one_line():
-    job = run([sys.executable, "-m", "megatron_npu.run", "no_such_pretrain.py"], timeout=60)
+    job = run([sys.executable, "-m", "megatron_npu.run", "no_such_pretrain.py"], timeout=600)
     assert job.returncode == 2 and "no such script" in job.stderr and "Traceback" not in job.stderr
 
 
