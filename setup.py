@@ -36,6 +36,9 @@ setup(
         "npu": ["torch_npu"],
         "wandb": ["wandb"],
         "convert": ["safetensors", "transformers"],  # megatron-npu convert (Hugging Face checkpoints)
+        # megatron-core's own unit tests (tests/conformance): Megatron-LM's megatron.rl imports them; the git-only
+        # emerging_optimizers is named by tests/conformance/environment.py
+        "conformance": ["fastapi", "uvicorn"],
         "test": [
             "pytest>=7",
             "pytest-mock",

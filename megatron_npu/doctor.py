@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -119,14 +120,22 @@ def patch_state(patch: Patch) -> str:
     return "applied" if patch in REGISTRY.applied() else "pending"
 
 
+def installed_optional_packages() -> tuple[str, ...]:
+    """The top-level packages outside megatron and torch that pending targets live in and that are installed here
+    (an optional package megatron-core imports, e.g. for one optimizer): looked up when present, pending when not."""
+    tops = {name.split(".")[0] for name in (patch.module_name for patch in REGISTRY.pending())}
+    return tuple(sorted(top for top in tops - {"megatron", "torch"} if importlib.util.find_spec(top) is not None))
+
+
 def resolve_targets() -> None:
     """Look every pending target up now: megatron-core's and torch's modules are imported (the doctor reports on
-    megatron-core), megatron/training's when a checkout of a verified tag is importable."""
+    megatron-core), megatron/training's when a checkout of a verified tag is importable, an optional package's
+    when it is installed."""
     from .version import UnsupportedMegatronVersion, check_megatron_lm
 
     if not REGISTRY.active:
         return
-    prefixes: tuple[str, ...] = ("megatron.core", "torch")
+    prefixes: tuple[str, ...] = ("megatron.core", "torch", *installed_optional_packages())
     try:
         check_megatron_lm()
         prefixes += ("megatron.training",)

@@ -309,3 +309,40 @@ for _module in ("torch.distributed", "torch.distributed.distributed_c10d"):
         subsystem=SUBSYSTEM,
         requires="lacks_flat_all_gather",
     )(flat_all_gather)
+
+
+def uneven_all_gather(original: Callable, accelerator: Accelerator) -> Callable:
+    """all_gather into tensors of different sizes, as NCCL takes them ("all_gather_v").
+
+    megatron-core's layer-wise distributed optimizer gathers each rank's updated parameters, flattened, into
+    one tensor per rank of that rank's size (``LayerWiseDistributedOptimizer.allgather_params``; a rank without
+    parameters sends an empty one); gloo checks every output against the input's size. Where the sizes differ,
+    each rank's part is padded to the largest, gathered at one size and copied into its output.
+    """
+
+    @functools.wraps(original)
+    def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False):
+        if async_op or all(out.shape == tensor.shape for out in tensor_list):
+            return original(tensor_list, tensor, group=group, async_op=async_op)
+        largest = max(max(out.numel() for out in tensor_list), tensor.numel())
+        padded = tensor.new_zeros(largest)
+        padded[: tensor.numel()] = tensor.reshape(-1)
+        parts = [torch.empty_like(padded) for _ in tensor_list]
+        original(parts, padded, group=group)
+        for out, part in zip(tensor_list, parts, strict=True):
+            out.copy_(part[: out.numel()].view(out.shape))
+        return None
+
+    return all_gather
+
+
+for _module in ("torch.distributed", "torch.distributed.distributed_c10d"):
+    register(
+        f"{_module}.all_gather.uneven",
+        f"{_module}:all_gather",
+        reason="megatron-core's layer-wise optimizer all-gathers per-rank tensors of different sizes (NCCL's "
+        "all_gather_v); gloo: 'invalid tensor size' (dist_checkpointing/test_layer_wise_optimizer.py::"
+        "test_layer_wise_optimizer_step); padded to the largest, gathered, trimmed",
+        subsystem=SUBSYSTEM,
+        requires="lacks_uneven_all_gather",
+    )(uneven_all_gather)

@@ -6,6 +6,12 @@ CPU torch and torch_npu have no triton, so ``import megatron.core.models.gpt`` w
 importable the real module loads; where it is not, a stand-in with the names the importers use loads instead: it
 does what the real one does while ``moe_paged_stash`` is off and refuses the flag when it is on (the stash's copy
 kernels are triton kernels). The decision asks for triton itself (a capability), not for a device.
+
+Emerging-Optimizers v0.1.0 (megatron-core 0.16's pin for its Muon optimizer, ``optimizer/muon.py``) imports its
+triton SYRK kernel unguarded from ``orthogonalized_optimizers``: without triton megatron-core finds no Muon
+(``HAVE_EMERGING_OPTIMIZERS`` False) and ``optimizer='muon'`` / ``'dist_muon'`` fail. Emerging-Optimizers v0.4.0
+guards that import itself (no kernel, ``HAS_TRITON_340`` False); the same stand-in loads here for the releases
+that do not.
 """
 
 from __future__ import annotations
@@ -22,15 +28,23 @@ from megatron_npu.registry import register
 SUBSYSTEM = "triton_imports"
 STASH_018 = "megatron.core.transformer.moe.paged_stash"
 STASH_KERNELS_019 = "megatron.core.transformer.moe.ops.paged_stash"
+EO_KERNELS = "emerging_optimizers.triton_kernels"
 REFUSAL = "--moe-paged-stash (moe_paged_stash) needs triton, which is not installed here: turn it off"
+SYRK_REFUSAL = (
+    "Muon's use_syrk needs Emerging-Optimizers' triton SYRK kernel; triton is not installed here: turn it off"
+)
 
 
 def _refuse(*args: Any, **kwargs: Any) -> Any:
     raise RuntimeError(REFUSAL)
 
 
-def _stand_in(name: str, attributes: dict[str, Any]) -> types.ModuleType:
-    module = types.ModuleType(name, f"stand-in for {name} (triton is not importable): {REFUSAL}")
+def _refuse_syrk(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError(SYRK_REFUSAL)
+
+
+def _stand_in(name: str, attributes: dict[str, Any], refusal: str = REFUSAL) -> types.ModuleType:
+    module = types.ModuleType(name, f"stand-in for {name} (triton is not importable): {refusal}")
     module.__dict__.update(attributes)
     module.__megatron_npu_stand_in__ = True  # type: ignore[attr-defined]
     sys.modules[name] = module  # `from <name> import x` reads sys.modules
@@ -45,12 +59,12 @@ def triton_importable() -> bool:
     return True
 
 
-def _real_or_stand_in(name: str, attributes: dict[str, Any]) -> types.ModuleType:
+def _real_or_stand_in(name: str, attributes: dict[str, Any], refusal: str = REFUSAL) -> types.ModuleType:
     if name in sys.modules:
         return sys.modules[name]
     if triton_importable():
         return importlib.import_module(name)
-    return _stand_in(name, attributes)
+    return _stand_in(name, attributes, refusal)
 
 
 def _paged_stash_reset(enabled: bool = True, config: Any = None) -> None:
@@ -94,3 +108,18 @@ def _paged_stash_018(original: Any, accelerator: Accelerator) -> types.ModuleTyp
 def _paged_stash_kernels_019(original: Any, accelerator: Accelerator) -> types.ModuleType:
     attributes = {"GLOBAL_BLOCK_SIZE": 1024, "paged_stash_copy_kernel": _refuse, "paged_stash_pop_kernel": _refuse}
     return _real_or_stand_in(STASH_KERNELS_019, attributes)
+
+
+@register(
+    "emerging_optimizers.triton_kernels.without_triton",
+    "emerging_optimizers:triton_kernels",
+    reason="Emerging-Optimizers v0.1.0 (megatron-core 0.16's Muon) imports its triton SYRK kernel unguarded, so "
+    "without triton megatron-core has no Muon; a stand-in without the kernel (HAS_TRITON_340 False, as "
+    "Emerging-Optimizers v0.4.0 does without triton) loads instead, and use_syrk is refused",
+    subsystem=SUBSYSTEM,
+    megatron_versions=">=0.16.0,<0.17",
+    create=True,
+)
+def _emerging_optimizers_kernels(original: Any, accelerator: Accelerator) -> types.ModuleType:
+    attributes = {"HAS_TRITON_340": False, "tsyrk_ex": _refuse_syrk}
+    return _real_or_stand_in(EO_KERNELS, attributes, SYRK_REFUSAL)

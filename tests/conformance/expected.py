@@ -157,6 +157,15 @@ _HOST_RNG = (
     "seeds the host RNG and the device RNG apart (torch.manual_seed(42), model_parallel_cuda_manual_seed(41)) "
     "and expects use_cpu_initialization's draws to follow the host seed alone"
 )
+_Z_LOSS_DRAW = (
+    "asserts bit-equal bf16 router gradients (torch.equal) from 64 tokens half padding and from the 32 valid ones; "
+    "the padded rows' fp32 gradient is zero only up to rounding, so the equality holds for some inputs only "
+    "(measured on the cpu target: 51 of 200 draws differ in 1-3 of 384 elements). Its input is "
+    "torch.randn(device='cuda') after _set_random_seed(123): upstream a draw from CUDA's generator, here from the "
+    "host RNG after the router's use_cpu_initialization weights advanced it, a draw that differs in 1 element; "
+    "the same test with a device generator of its own seeded 123 as model_parallel_cuda_manual_seed seeds it "
+    "(unadvanced by the host draws) is bit-equal on the cpu target"
+)
 _DEVICE_NAME = "asserts tensor.device.type == 'cuda' after .cuda(): on the cpu target the device is the host"
 TARGET_LIMITS: tuple[ExpectedFailure, ...] = (
     _limit(f"{_TR}/test_mlp.py::TestParallelMLP::test_gpu_forward", "runs_on_host", _DEVICE_NAME),
@@ -173,6 +182,11 @@ TARGET_LIMITS: tuple[ExpectedFailure, ...] = (
         f"{_TR}/moe/test_sequential_mlp.py::TestParallelSequentialMLP::test_gpu_forward", "runs_on_host", _DEVICE_NAME
     ),
     _limit(f"{_TR}/moe/test_shared_experts.py::TestSharedExperts*::test_gpu_forward*", "runs_on_host", _DEVICE_NAME),
+    _limit(
+        f"{_TR}/moe/test_aux_loss.py::TestPaddingMaskAuxLoss::test_padding_mask_with_z_loss*",
+        "device_rng_is_host_rng",
+        _Z_LOSS_DRAW,
+    ),
     _limit(f"{_TP}/test_initialization.py::Test::test_embedding_init", "device_rng_is_host_rng", _HOST_RNG),
     _limit(f"{_TP}/test_initialization.py::Test::test_row_init", "device_rng_is_host_rng", _HOST_RNG),
     _limit(f"{_TP}/test_initialization.py::Test::test_col_init", "device_rng_is_host_rng", _HOST_RNG),

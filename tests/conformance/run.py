@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from .environment import missing_line, missing_test_packages
 from .results import FolderReport, TestResult, judge, merge, read_records, table, target_capabilities
 from .suite import WORKDIR, unpack
 
@@ -174,6 +175,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     os.environ.setdefault("MEGATRON_NPU_DEVICE", "cpu")  # the harness target unless told otherwise
+    if not args.rejudge and (line := missing_line(missing_test_packages())):
+        print(line, flush=True)
     reports = []
     for folder in args.folders:
         if args.rejudge:

@@ -14,6 +14,7 @@ import tarfile
 
 import pytest
 
+from .environment import TEST_PACKAGES, missing_line, missing_test_packages
 from .expected import EXPECTED_FAILURES, TARGET_LIMITS, ExpectedFailure
 from .results import FolderReport, judge, merge
 from .suite import CONFTEST, CONFTEST_EDITS, REPO, TARBALL, edit_conftest
@@ -72,6 +73,15 @@ def test_the_conftest_edits_apply_to_the_suites_conftest(tmp_path):
     assert all(new in text for old, new in CONFTEST_EDITS if new)
 
 
+def test_missing_test_packages_are_named_in_one_line_with_their_install_commands():
+    missing = missing_test_packages(find=lambda name: None if name != "fastapi" else object())
+    assert set(missing) == set(TEST_PACKAGES) - {"fastapi"}
+    line = missing_line(missing)
+    assert "\n" not in line and "emerging_optimizers (pip install --no-deps git+" in line
+    assert "uvicorn (pip install -e '.[conformance]')" in line
+    assert missing_line({}) == ""
+
+
 @pytest.mark.launch
 def test_megatron_cores_tensor_parallel_and_schedule_suites_pass_on_the_patch_layer(tmp_path):
     out = tmp_path / "results"
@@ -123,7 +133,7 @@ if __name__ == "__main__":  # like pytest's __main__: a spawn child does not run
     queue = context.Queue()
     child = context.Process(target=probe_module.probe, args=(queue,))
     child.start()
-    print("CHILD", *queue.get(timeout=240))
+    print("CHILD", *queue.get(timeout=600))  # a hang guard: spawning is slow on a busy machine
     child.join()
 """
 
@@ -142,7 +152,7 @@ def test_a_spawned_child_of_a_conformance_rank_runs_on_the_patch_layer(tmp_path)
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
         env=env,
     )
     assert job.returncode == 0, job.stderr[-3000:]

@@ -54,6 +54,22 @@ def test_distributed_optimizer_state_dict_reads_an_unstepped_state_as_step_0(mod
     assert [group["step"] for group in state["optimizer"]["param_groups"]] == [0.0] * len(optimizer.param_groups)
 
 
+def test_a_distributed_optimizer_shard_without_parameters_keeps_its_loaded_step(model_parallel):
+    """distrib_optimizer.py state_dict asserts one step among the torch states; a DP shard that holds no parameter
+    (a small model's padded tail) has none: AssertionError (dist_checkpointing/test_optimizer.py::
+    test_optimizer_resharding[initialize_1d_flatten_tensor_model-...(2, 4) -> (2, 2), distributed optimizer])."""
+    _, optimizer = _optimizer(distributed=True)
+    for group in optimizer.optimizer.param_groups:  # what DistributedOptimizer builds for an empty shard
+        group["params"] = []
+    optimizer.optimizer.state.clear()
+    state = optimizer.state_dict()
+    assert [group["step"] for group in state["optimizer"]["param_groups"]] == [0.0] * len(optimizer.param_groups)
+    assert "state_dict" not in vars(optimizer.optimizer)  # torch's own state_dict again
+    for group in optimizer.optimizer.param_groups:
+        group["step"] = 7.0  # what DistributedOptimizer.load_state_dict leaves in the groups from a checkpoint
+    assert {group["step"] for group in optimizer.state_dict()["optimizer"]["param_groups"]} == {7.0}
+
+
 @pytest.mark.parametrize("bf16", [True, False], ids=["float16_optimizer", "fp32_optimizer"])
 def test_a_state_saved_before_the_first_step_loads_and_steps_as_a_fresh_one(model_parallel, bf16):
     """Float16OptimizerWithFloat16Params / FP32Optimizer.load_state_dict: torch Adam.__setstate__ KeyError
@@ -62,7 +78,18 @@ def test_a_state_saved_before_the_first_step_loads_and_steps_as_a_fresh_one(mode
     saved = copy.deepcopy(optimizer.state_dict())
     optimizer.load_state_dict(saved)
     assert all(float(state["step"]) == 0.0 for state in optimizer.optimizer.state.values())
+    _steps_as_a_fresh_adamw(model, optimizer, bf16)
 
+
+@pytest.mark.parametrize("bf16", [True, False], ids=["float16_optimizer", "fp32_optimizer"])
+def test_the_first_step_over_init_state_fns_state_steps_as_a_fresh_one(model_parallel, bf16):
+    """MixedPrecisionOptimizer / FP32Optimizer.step_with_ready_grads: torch Adam._init_group KeyError 'step'
+    (dist_checkpointing/test_layer_wise_optimizer.py::test_layer_wise_optimizer_step)."""
+    model, optimizer = _optimizer(distributed=False, bf16=bf16)
+    _steps_as_a_fresh_adamw(model, optimizer, bf16)
+
+
+def _steps_as_a_fresh_adamw(model: torch.nn.Module, optimizer: object, bf16: bool) -> None:
     params = list(model.parameters())
     reference = [p.detach().clone().float().requires_grad_() for p in params]
     fresh = torch.optim.AdamW(reference, lr=0.1, weight_decay=0.0)

@@ -1,0 +1,35 @@
+"""The packages megatron-core's suite imports that upstream's test environment installs and this project does not
+depend on: checked before a run, and named in one line when missing (their tests then fail as harness limits)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+
+EXTRA = "pip install -e '.[conformance]'"
+#: import name -> how upstream's environment gets it (Megatron-LM core_v0.16.1's pyproject.toml, dev / lts extras).
+TEST_PACKAGES = {
+    # megatron.core.optimizer.muon (dist_checkpointing/test_layer_wise_optimizer.py: optimizer='dist_muon').
+    # Not on PyPI: Megatron-LM pins the tag in [tool.uv.sources]; installed without dependencies (torch, absl-py
+    # and typing-extensions are here already).
+    "emerging_optimizers": "pip install --no-deps git+https://github.com/NVIDIA-NeMo/Emerging-Optimizers.git@v0.1.0",
+    # Megatron-LM's megatron.rl server, imported by megatron.rl.rl_utils (models/test_gpt_model_batch_invariant.py)
+    "fastapi": EXTRA,
+    "uvicorn": EXTRA,
+}
+
+
+def missing_test_packages(find: Callable[[str], object] = importlib.util.find_spec) -> dict[str, str]:
+    """Import name -> install command, for each test package not importable here."""
+    return {name: how for name, how in TEST_PACKAGES.items() if find(name) is None}
+
+
+def missing_line(missing: dict[str, str]) -> str:
+    """One line naming what is missing and how to install it, grouped by command ('' when nothing is)."""
+    if not missing:
+        return ""
+    by_command: dict[str, list[str]] = {}
+    for name, how in missing.items():
+        by_command.setdefault(how, []).append(name)
+    parts = [f"{', '.join(names)} ({how})" for how, names in by_command.items()]
+    return "conformance: test packages not installed, their tests will fail as harness limits: " + "; ".join(parts)
