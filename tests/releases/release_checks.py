@@ -8,6 +8,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -85,6 +86,19 @@ def assert_doctor_clean(release: Release, job: Job) -> None:
         states[name] == "applied" for name in report["megatron_lm"]["patches"] if states[name] != "other-release"
     )
     assert states[DECOUPLED] == ("other-release" if release.minor < 16 else "applied")
+
+
+def record_figures(where: Path, release: Release, seconds: dict, errors: Callable[[], dict]) -> None:
+    """The figures the README's table quotes: the seconds of each part and ``errors()`` (the worst relative loss
+    differences, whether the resumes were exact), printed on one line and written beside the runs (figures.json).
+    A run without losses records why instead: the tests say which run it was."""
+    figures: dict = {"release": release.core, "seconds": {k: round(v, 1) for k, v in seconds.items()}}
+    try:
+        figures.update(errors())
+    except (KeyError, ValueError, ZeroDivisionError) as missing:
+        figures["unavailable"] = repr(missing)
+    (where / "figures.json").write_text(json.dumps(figures))
+    print(f"FIGURES {json.dumps(figures)}")
 
 
 def last_stage(results: dict, key: str = "losses") -> list[float]:

@@ -24,7 +24,6 @@ cached; a 3.11 venv builds in 12-30 s from pip's wheel cache): 0.12.1 58 + 39 + 
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -50,6 +49,7 @@ from release_checks import (  # noqa: E402
     last_stage,
     megatron_lm_resumed_exactly,
     megatron_lm_train_and_resume,
+    record_figures,
     tag_checkout,
     torchrun,
     worst,
@@ -150,14 +150,7 @@ def release_runs(request, tmp_path_factory) -> dict:
         runs["jobs"].update({k: v for k, v in found.pop("jobs", found).items() if isinstance(v, Job)})
         runs.update(found)
         seconds[part.__name__] = time.monotonic() - began
-    # the figures the README's table quotes (tests/releases' docstring): one line, and a file beside the runs
-    figures = {"release": release.core, "seconds": {k: round(v, 1) for k, v in seconds.items()}}
-    try:
-        figures.update(rel_errors(runs))
-    except (KeyError, ValueError, ZeroDivisionError) as missing:  # a run without losses: the tests below say which
-        figures["unavailable"] = repr(missing)
-    (where / "figures.json").write_text(json.dumps(figures))
-    print(f"FIGURES {json.dumps(figures)}")
+    record_figures(where, release, seconds, lambda: rel_errors(runs))
     return {"release": release, **runs}
 
 

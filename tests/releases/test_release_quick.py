@@ -46,6 +46,7 @@ from release_checks import (  # noqa: E402
     last_stage,
     megatron_lm_resumed_exactly,
     megatron_lm_train_and_resume,
+    record_figures,
     tag_checkout,
     torchrun,
     unavailable,
@@ -93,13 +94,7 @@ def quick_runs(request, tmp_path_factory) -> dict:
     upstream = megatron_lm_train_and_resume(release, python, checkout, env, where / "megatron-lm-run")
     seconds["megatron_lm"] = time.monotonic() - began
     runs = {"release": release, "doctor": checked, "layouts": job, "results": job.by_rank(), **upstream}
-    figures = {"release": release.core, "seconds": {k: round(v, 1) for k, v in seconds.items()}}
-    try:
-        figures.update(rel_errors(runs))
-    except (KeyError, ValueError) as missing:  # a run without losses: the tests below say which
-        figures["unavailable"] = repr(missing)
-    (where / "figures.json").write_text(json.dumps(figures))
-    print(f"FIGURES {json.dumps(figures)}")
+    record_figures(where, release, seconds, lambda: rel_errors(runs))
     return runs
 
 
