@@ -259,7 +259,7 @@ def destroy_when_released(groups: list[Any]) -> int:
     "parallel_state.destroy_model_parallel.destroy_groups",
     f"{PARALLEL_STATE}:destroy_model_parallel",
     reason="drops its references to the groups create_group made but destroys only the gloo DP ones; a gloo "
-    "group keeps 3 threads (one polling every 10 ms), so a job that re-initialises model parallelism (megatron-"
+    "group keeps its threads (one polling every 10 ms), so a job that re-initialises model parallelism (megatron-"
     "core's unit tests, per test) piles up ~470 threads per rank and starves (dist_checkpointing/"
     "test_serialization.py); the released groups are destroyed once all their members released them",
     subsystem=SUBSYSTEM,
@@ -346,3 +346,58 @@ for _module in ("torch.distributed", "torch.distributed.distributed_c10d"):
         subsystem=SUBSYSTEM,
         requires="lacks_uneven_all_gather",
     )(uneven_all_gather)
+
+
+# ----- gloo: a group's works one at a time ----------------------------------------------------
+#: where gloo reads the interfaces to bind (torch's own constructor reads it too)
+GLOO_INTERFACES_ENVVAR = "GLOO_SOCKET_IFNAME"
+
+
+def _gloo_devices(gloo: type) -> list[Any]:
+    """The devices torch's ProcessGroupGloo(store, rank, size, timeout) binds: one per interface in
+    GLOO_SOCKET_IFNAME, else the default one (lazy connection as TORCH_GLOO_LAZY_INIT says)."""
+    interfaces = [name for name in os.environ.get(GLOO_INTERFACES_ENVVAR, "").split(",") if name]
+    if interfaces:
+        return [gloo.create_device(interface=name) for name in interfaces]
+    return [gloo.create_default_device()]
+
+
+def one_worker_per_gloo_group(original: type, accelerator: Accelerator) -> type:
+    """ProcessGroupGloo whose works run one at a time, in the order they were issued.
+
+    Torch builds each gloo group with two worker threads, so two asynchronous works of one group
+    run at once. In torch 2.13 that corrupts the heap: Megatron-FSDP prefetches the next layers'
+    weights with an asynchronous all-gather while the next collective is issued (measured, 2 ranks,
+    60 iterations: 7 of 15 runs died with glibc's "malloc(): unaligned tcache chunk detected" or
+    SIGSEGV inside gloo's coalesced all-gather; 0 of 14 with one worker thread, 0 of 13 with the
+    all-gathers made synchronous instead). With one worker a group's works still run beside the
+    caller, never beside each other; they cannot deadlock, since every rank issues a group's works
+    in the same order (its tags count them). torch's constructor takes no thread count, so the
+    options it would build are built here, with one thread.
+    """
+
+    class OneWorkerProcessGroupGloo(original):  # type: ignore[misc,valid-type]
+        def __init__(self, store: Any, rank: int, size: int, *args: Any, **kwargs: Any) -> None:
+            given = args[0] if args else kwargs.get("options", kwargs.get("timeout"))
+            if isinstance(given, original._Options):  # the caller's own options: theirs
+                super().__init__(store, rank, size, given)
+                return
+            options = original._Options()
+            options._devices = _gloo_devices(original)
+            options._threads = 1
+            if given is not None:
+                options._timeout = given
+            super().__init__(store, rank, size, options)
+
+    OneWorkerProcessGroupGloo.__name__ = OneWorkerProcessGroupGloo.__qualname__ = original.__name__
+    return OneWorkerProcessGroupGloo
+
+
+register(
+    "torch.distributed.distributed_c10d.ProcessGroupGloo.one_worker",
+    "torch.distributed.distributed_c10d:ProcessGroupGloo",
+    reason="gloo runs a group's asynchronous works on two threads, and two at once corrupt the heap (torch 2.13: "
+    "Megatron-FSDP's prefetched all-gathers crashed 7 of 15 runs, SIGABRT/SIGSEGV); new groups get one worker",
+    subsystem=SUBSYSTEM,
+    requires="lacks_safe_work_overlap",
+)(one_worker_per_gloo_group)

@@ -69,9 +69,15 @@ class Accelerator(abc.ABC):
     #: each output chunk's shape with the input's: a (2, 4) input into a flat output is refused
     #: (torch 2.13, measured by megatron-core's test_gather_split_1d_tensor).
     gathers_by_element_count: bool = True
-    #: True when a process group keeps threads of its own until destroyed (gloo: 3 per group,
-    #: one polling every 10 ms, measured): groups dropped without destroy_process_group pile up.
+    #: True when a process group keeps threads of its own until destroyed (gloo: its worker threads
+    #: and one polling its socket every 10 ms, measured): groups dropped without destroy_process_group pile up.
     groups_hold_threads: bool = False
+    #: True when one process group may run several of its asynchronous works at once (NCCL, HCCL:
+    #: ordered on streams). Torch 2.13's gloo runs a group's works on two threads, and with two of
+    #: them in flight it corrupts the heap: Megatron-FSDP's prefetched all-gathers beside the next
+    #: collective crashed 7 of 15 runs of 60 iterations (glibc "unaligned tcache chunk", SIGSEGV),
+    #: none of 14 with one thread a group (measured).
+    overlaps_works_safely: bool = True
 
     #: True when the device stands in for CUDA in user scripts: ``torch.cuda.is_available()``
     #: and the device name answer for it, so a GPU script takes its device path.
@@ -114,6 +120,10 @@ class Accelerator(abc.ABC):
     @property
     def lacks_flat_all_gather(self) -> bool:
         return self.patches_megatron_core and not self.gathers_by_element_count
+
+    @property
+    def lacks_safe_work_overlap(self) -> bool:
+        return self.patches_megatron_core and not self.overlaps_works_safely
 
     def process_group_environment(self) -> dict[str, str]:
         """Variables the collective library reads when a process group is created (none here)."""

@@ -97,6 +97,7 @@ class CpuAccelerator(Accelerator):
     reduces_premul_sum = False  # "Cannot use ReduceOp.PREMUL_SUM with Gloo"
     gathers_by_element_count = False  # "invalid tensor size at index 0 (expected (2, 4), got (8))"
     groups_hold_threads = True
+    overlaps_works_safely = False
 
     def __init__(self) -> None:
         self._current = 0
