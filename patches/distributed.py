@@ -369,8 +369,8 @@ def one_worker_per_gloo_group(original: type, accelerator: Accelerator) -> type:
     run at once. In torch 2.13 that corrupts the heap: Megatron-FSDP prefetches the next layers'
     weights with an asynchronous all-gather while the next collective is issued (measured, 2 ranks,
     60 iterations: 7 of 15 runs died with glibc's "malloc(): unaligned tcache chunk detected" or
-    SIGSEGV inside gloo's coalesced all-gather; 0 of 14 with one worker thread, 0 of 13 with the
-    all-gathers made synchronous instead). With one worker a group's works still run beside the
+    SIGSEGV, caught in a gloo worker inside the coalesced all-gather; 0 of 15 with one worker thread,
+    0 of 13 with the all-gathers made synchronous instead). With one worker a group's works still run beside the
     caller, never beside each other; they cannot deadlock, since every rank issues a group's works
     in the same order (its tags count them). torch's constructor takes no thread count, so the
     options it would build are built here, with one thread.

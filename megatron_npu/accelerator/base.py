@@ -76,7 +76,7 @@ class Accelerator(abc.ABC):
     #: ordered on streams). Torch 2.13's gloo runs a group's works on two threads, and with two of
     #: them in flight it corrupts the heap: Megatron-FSDP's prefetched all-gathers beside the next
     #: collective crashed 7 of 15 runs of 60 iterations (glibc "unaligned tcache chunk", SIGSEGV),
-    #: none of 14 with one thread a group (measured).
+    #: none of 15 with one thread a group (measured).
     overlaps_works_safely: bool = True
 
     #: True when the device stands in for CUDA in user scripts: ``torch.cuda.is_available()``
