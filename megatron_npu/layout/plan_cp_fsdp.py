@@ -23,8 +23,9 @@ layers, 2 micro-batches, DP2, fp32): the CP ring's rows equal a TP2 x CP2 run's 
 (``no_shard`` 1, ``optim`` 2, ``optim_grads`` 3, and 27 with ``--ddp-bucket-size 20000``,
 ``optim_grads_params`` 27), bytes equal for ``no_shard`` and 0.05-0.35% above the plan otherwise (bucket
 padding); FSDP2 37 calls and 3,758,084 bytes, counted = planned (with the gradient norm's all-reduce
-over the DTensor gradients' DP group, which the planner adds beside the model-parallel one). The
-a2a+p2p levels are unchecked.
+over the DTensor gradients' DP group, which the planner adds beside the model-parallel one); MoE with EP2
+x Megatron-FSDP on 4 ranks (``optim_grads_params``): the experts' units over expert DP 2 counted = planned
+(2,097,152 bytes), the dense ones over DP 4 0.11% above. The a2a+p2p levels are unchecked.
 """
 
 from __future__ import annotations
@@ -138,8 +139,10 @@ def plan_fsdp(
     inter: bool,
     add: Callable[..., None],
     bucket_size: int | None = None,
+    label: str = "dp_cp",
 ) -> None:
-    """One rank's FSDP collectives per iteration over the data-parallel (x CP) group, unit by unit."""
+    """One rank's FSDP collectives per iteration over the data-parallel (x CP) group, unit by unit
+    (``label`` "edp": the experts' units over expert data parallel, which shard them under EP)."""
     if scheme not in FSDP_SCHEMES:
         raise ValueError(f"unknown FSDP scheme {scheme!r}; one of {', '.join(FSDP_SCHEMES)}")
     for params in chunks:
@@ -150,7 +153,7 @@ def plan_fsdp(
                 items = megatron_fsdp_unit(unit, numel, dp_cp, microbatches, scheme, param_bytes, grad_bytes, jit)
             for item in items:
                 what = f"FSDP {unit} {item.phase}"
-                add("dp_cp", item.op, what, item.count, item.payload_bytes, group, inter)
+                add(label, item.op, what, item.count, item.payload_bytes, group, inter)
 
 
 def fsdp_scheme(args: Any) -> str | None:

@@ -38,7 +38,7 @@ instead of DDP's buckets: plan_cp_fsdp.py.
 
 MoE (``--num-experts``; megatron-core 0.16.1's SequentialMLP experts): an MoE layer's router and
 shared experts in the dense buffer (dp_cp); under EP > 1 the experts in a DDP buffer of their own,
-reduced over expert data parallel (edp), with the expert optimizer's grad norm on expert TP x EP x
+reduced over expert data parallel (edp; under FSDP their units, sharded over it), with the expert optimizer's grad norm on expert TP x EP x
 PP (expert_mp, without the distributed optimizer); with the alltoall dispatcher the expert
 all-to-all on ep (``expert_all_to_all_bytes``) and each micro-batch's token counts per expert
 gathered over expert TP x EP (tp_ep, int64); the trainer's MoE loss report reduces megatron-core's
@@ -649,9 +649,13 @@ def _plan_moe(
                 g,
                 layout.spans_nodes(g),
             )
-    # the experts' DDP buffer (EP > 1), padded as the distributed optimizer pads it
+    # the experts' DDP buffer (EP > 1), padded as the distributed optimizer pads it; under Megatron-FSDP
+    # the experts' units, sharded over expert data parallel (counted: EP2 x DP4, optim_grads_params)
     edpg, edp = group("edp", rank), dims.expert_dp
-    for c, ch in enumerate(expert_chunks):
+    if par.fsdp and expert_chunks:
+        inter = layout.spans_nodes(edpg)
+        plan_fsdp(par.fsdp, expert_chunks, edp, mbs, pb, gb, edpg, inter, add, par.bucket_size, label="edp")
+    for c, ch in enumerate([] if par.fsdp else expert_chunks):
         bsize = bucket_size if (par.overlap_grad_reduce and layout.ranks[rank].pp_rank == 0 and c == 0) else None
         for b in _buckets(ch, edp, par.use_distributed_optimizer, bsize, set()) if ch else []:
             inter = layout.spans_nodes(edpg)

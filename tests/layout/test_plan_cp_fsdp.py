@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 
@@ -90,6 +91,19 @@ def test_megatron_fsdp_gathers_each_layer_three_times_and_scatters_once_instead_
         "layer 0",
         "rest",
     ]
+
+
+def test_megatron_fsdp_shards_experts_over_expert_data_parallel_as_counted():
+    """EP2 on 4 ranks: dense weights over DP 4, each EP rank's 2 local experts a layer over expert DP 2, every
+    layer's experts gathered just in time. Counted (CommCounter, pretrain_gpt.py 4 layers, untied, no bias, 4
+    experts top-2, optim_grads_params, one micro-batch): 2,097,152 B on edp, as planned here."""
+    rmap = build_rank_map(world_size=4, ep=2, nnodes=1, nproc_per_node=4)
+    m = dataclasses.replace(model(global_batch_size=8), num_layers=4, num_experts=4, add_bias_linear=False)
+    edp = plan(m, rmap, ParallelSpec(fsdp="optim_grads_params", use_distributed_optimizer=True)).ranks[0].by_label()
+    experts = 2 * (64 * 256 + 256 * 64)  # a layer's local experts (fc1, fc2)
+    # per layer: a full reduce-scatter, the post-step and the backward's gathers of a half
+    assert edp["edp"]["bytes"] == 4 * (4 * experts + 2 * (experts // 2 * 4)) == 2_097_152
+    assert edp["edp"]["calls"] == 4 * 3
 
 
 def test_megatron_fsdp_makes_layers_units_only_when_it_shards_parameters_and_buckets_the_rest():
