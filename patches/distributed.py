@@ -376,7 +376,18 @@ def one_worker_per_gloo_group(original: type, accelerator: Accelerator) -> type:
     options it would build are built here, with one thread.
     """
 
-    class OneWorkerProcessGroupGloo(original):  # type: ignore[misc,valid-type]
+    class AnyGlooBackend(type(original)):  # type: ignore[misc]
+        """torch asks ``isinstance(backend, ProcessGroupGloo)`` of the backends a group hands back (timeouts,
+        sequence numbers), and those come back as torch's own class once their Python object is collected:
+        every gloo backend answers yes, as before."""
+
+        def __instancecheck__(cls, instance: Any) -> bool:
+            return isinstance(instance, original)
+
+        def __subclasscheck__(cls, subclass: type) -> bool:
+            return issubclass(subclass, original)
+
+    class OneWorkerProcessGroupGloo(original, metaclass=AnyGlooBackend):  # type: ignore[misc,valid-type]
         def __init__(self, store: Any, rank: int, size: int, *args: Any, **kwargs: Any) -> None:
             given = args[0] if args else kwargs.get("options", kwargs.get("timeout"))
             if isinstance(given, original._Options):  # the caller's own options: theirs

@@ -46,6 +46,14 @@ def test_the_interfaces_gloo_is_told_to_bind_are_bound(monkeypatch):
     assert len(_group(timedelta(seconds=5)).options._devices) == 2
 
 
+def test_torch_still_recognises_every_gloo_backend_as_a_gloo_backend():
+    """A group hands its backend back as torch's own class once the Python object that built it is collected;
+    torch's isinstance checks on the patched name (timeouts, sequence numbers) must still say gloo."""
+    torchs_own = torch._C._distributed_c10d.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=5))
+    assert isinstance(torchs_own, c10d.ProcessGroupGloo)
+    assert issubclass(type(torchs_own), c10d.ProcessGroupGloo)
+
+
 @pytest.mark.parametrize("collective", ["allreduce", "broadcast"])
 def test_a_one_worker_group_still_computes(collective):
     tensor = torch.arange(6.0)
