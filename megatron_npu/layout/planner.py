@@ -38,12 +38,12 @@ instead of DDP's buckets: plan_cp_fsdp.py.
 
 MoE (``--num-experts``; megatron-core 0.16.1's SequentialMLP experts): an MoE layer's router and
 shared experts in the dense buffer (dp_cp); under EP > 1 the experts in a DDP buffer of their own,
-reduced over expert data parallel (edp; under FSDP their units, sharded over it), with the expert optimizer's grad norm on expert TP x EP x
-PP (expert_mp, without the distributed optimizer); with the alltoall dispatcher the expert
-all-to-all on ep (``expert_all_to_all_bytes``) and each micro-batch's token counts per expert
-gathered over expert TP x EP (tp_ep, int64); the trainer's MoE loss report reduces megatron-core's
-[num_layers] tracker per loss over pp, then tp_cp and dp for the balancing losses of a stage with
-MoE layers. All checked byte for byte per group against a dropless top-2 EP2 x DP2 run
+reduced over expert data parallel (edp; under FSDP their units, sharded over it), with the expert
+optimizer's grad norm on expert TP x EP x PP (expert_mp, without the distributed optimizer); with the
+alltoall dispatcher the expert all-to-all on ep (``expert_all_to_all_bytes``) and each micro-batch's
+token counts per expert gathered over expert TP x EP (tp_ep, int64); the trainer's MoE loss report
+reduces megatron-core's [num_layers] tracker per loss over pp, then tp_cp and dp for the balancing
+losses of a stage with MoE layers. All checked byte for byte per group against a dropless top-2 EP2 x DP2 run
 (tests/training/test_moe.py). Modelled but unchecked: the aux loss's token-count all-reduce over TP x CP > 1.
 Not modelled: the expert-TP gathers of the dispatcher (expert TP > 1), the MoE layers' TP traffic
 (counted as a dense MLP's), global_aux_loss, the allgather dispatcher.
