@@ -19,8 +19,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=[*find_packages(include=["megatron_npu", "megatron_npu.*"]), "megatron_npu.patches"],
-    package_dir={"megatron_npu.patches": "patches"},
+    packages=find_packages(include=["megatron_npu", "megatron_npu.*"]),
     install_requires=[
         "torch>=2.4",
         f"megatron-core{MEGATRON_CORE_RANGE}",

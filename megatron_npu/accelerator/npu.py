@@ -61,7 +61,7 @@ class NpuAccelerator(Accelerator):
     backend_aliases = MappingProxyType({"hccl": "hccl", "nccl": "hccl"})
     prefers_unbatched_p2p = True
     stands_in_for_cuda = True
-    reduces_float64 = False  # reduced exactly by patches/distributed.py instead
+    reduces_float64 = False  # reduced exactly by megatron_npu/patches/distributed.py instead
     #: link bandwidths and peak TFLOP/s (facts.py: readable without torch_npu)
     facts: TargetFacts = NPU_FACTS
 

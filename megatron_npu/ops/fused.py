@@ -2,7 +2,7 @@
 
 The accelerator says which fusions its device has (``fused_ops()``) and hands out the
 kernel (``fused_kernel(key)``); where it has none, the torch function here runs the
-same math as megatron-core's unfused path. ``patches/fused_ops.py`` fills
+same math as megatron-core's unfused path. ``megatron_npu/patches/fused_ops.py`` fills
 megatron-core's fused-RoPE slot with ``rotary`` where the device has the kernel (used
 only when the fusion flag is set); the RMSNorm and SwiGLU modules and the fused
 attention are handed out by megatron_npu/ops/spec_provider.py.

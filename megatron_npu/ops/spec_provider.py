@@ -12,7 +12,7 @@ Linear layers stay megatron-core's own, and so do an MoE layer's experts (Sequen
 grouped-GEMM forward with ``--moe-grouped-gemm``).
 
 RoPE has no module here: megatron-core applies it inside SelfAttention, before core
-attention; its fused slot is filled by patches/fused_ops.py and used only when
+attention; its fused slot is filled by megatron_npu/patches/fused_ops.py and used only when
 ``config.apply_rope_fusion`` is set.
 """
 

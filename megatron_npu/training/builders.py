@@ -97,7 +97,7 @@ def build_scheduler(optimizer: Any, args: argparse.Namespace) -> OptimizerParamS
 
 def build_optimizer(model: list, args: argparse.Namespace) -> Any:
     """megatron-core's optimizer with the standard overrides (the decoupled group marked
-    is_decoupled_lr: patches/optimizer.py)."""
+    is_decoupled_lr: megatron_npu/patches/optimizer.py)."""
     config = optimizer_config(args)
     return standard_megatron_optimizer(config, model)
 

@@ -51,7 +51,7 @@ def available_fusions(args: argparse.Namespace) -> dict[str, bool]:
 
 def rope_fusion(args: argparse.Namespace) -> bool:
     """--no-rope-fusion runs megatron's unfused RoPE math on every target; otherwise the fused
-    kernel runs where one exists: Transformer Engine's, or the device's (patches/fused_ops.py)."""
+    kernel runs where one exists: Transformer Engine's, or the device's (megatron_npu/patches/fused_ops.py)."""
     if importlib.util.find_spec("transformer_engine") is not None:
         return bool(args.apply_rope_fusion)
     # (megatron's config check also asks TE for an interleaved fused RoPE)
@@ -77,7 +77,7 @@ def _activation(args: argparse.Namespace) -> tuple[Callable, bool]:
 def _bias_activation_fusion(args: argparse.Namespace) -> bool:
     """megatron's fused bias-activation: for SwiGLU the device kernel (the spec's activation module)
     or TorchScript; bias-GeLU fuses only a bias that exists. Where the TorchScript fuser does not
-    serve the device the patch on TransformerConfig.__post_init__ (patches/transformer.py) turns
+    serve the device the patch on TransformerConfig.__post_init__ (megatron_npu/patches/transformer.py) turns
     the jit fusions off."""
     if args.swiglu:
         return bool(args.bias_swiglu_fusion and not device_swiglu_fusion(args))
@@ -105,7 +105,7 @@ def _derived_fields(args: argparse.Namespace) -> dict[str, Any]:
         "use_cpu_initialization": bool(args.use_cpu_initialization),
         "num_moe_experts": args.num_experts,
         "attention_backend": AttnBackend[str(args.attention_backend).split(".")[-1]],  # the flag's name, an enum
-        "deallocate_pipeline_outputs": True,  # as Megatron-LM; patches/pipeline_parallel.py keeps it off on gloo
+        "deallocate_pipeline_outputs": True,  # as Megatron-LM; megatron_npu/patches/pipeline_parallel.py keeps it off on gloo
         "barrier_with_L1_time": False,
         # as Megatron-LM: one --cp-comm-type for every layer is a string, several are one per layer
         "cp_comm_type": args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else list(args.cp_comm_type),

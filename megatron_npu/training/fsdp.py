@@ -2,7 +2,7 @@
 chunks wrapped in megatron-core's Megatron-FSDP adapter (``--use-megatron-fsdp``) or its torch
 FSDP2 wrapper (``--use-torch-fsdp2``) instead of its DDP, then the optimizer megatron-core builds
 over them. What either needs off CUDA (DeviceMesh device type, PREMUL_SUM, ...) is patched by
-capability in patches/fsdp.py; the flags and their rules are in fsdp_args.py.
+capability in megatron_npu/patches/fsdp.py; the flags and their rules are in fsdp_args.py.
 
 Checkpoints: Megatron-FSDP's are ``--ckpt-format fsdp_dtensor`` (torch.distributed.checkpoint
 over the DTensor state dicts: ``save_checkpoint`` / ``load_checkpoint`` here, called by

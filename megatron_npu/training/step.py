@@ -55,7 +55,7 @@ def mean_over_microbatches(reports: list[dict]) -> dict[str, torch.Tensor]:
 
 def learning_rates(optimizer: Any) -> tuple[float, float | None]:
     """The schedule's current lr and, with --decoupled-lr, the embedding/output layers' one
-    (the groups get_standard_config_overrides() marks is_decoupled_lr, patches/optimizer.py), as Megatron-LM logs them."""
+    (the groups get_standard_config_overrides() marks is_decoupled_lr, megatron_npu/patches/optimizer.py), as Megatron-LM logs them."""
     default = decoupled = None
     for group in optimizer.param_groups:
         if not group["params"]:

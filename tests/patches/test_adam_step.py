@@ -1,4 +1,4 @@
-"""patches/adam_step.py: megatron-core's torch-Adam fallback with the state its own init_state_fn writes
+"""megatron_npu/patches/adam_step.py: megatron-core's torch-Adam fallback with the state its own init_state_fn writes
 (exp_avg, exp_avg_sq, no 'step'), on a 1-rank gloo world. Found by megatron-core's
 dist_checkpointing/test_optimizer.py (KeyError: 'step', 64 tests)."""
 

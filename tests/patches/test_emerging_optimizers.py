@@ -1,4 +1,4 @@
-"""patches/triton_imports.py, Emerging-Optimizers without triton: megatron-core 0.16's Muon (optimizer/muon.py)
+"""megatron_npu/patches/triton_imports.py, Emerging-Optimizers without triton: megatron-core 0.16's Muon (optimizer/muon.py)
 imports Emerging-Optimizers v0.1.0, whose SYRK kernel module imports triton unguarded. Found by megatron-core's
 dist_checkpointing/test_layer_wise_optimizer.py (optimizer='dist_muon', 119 tests) through tests/conformance."""
 

@@ -1,4 +1,4 @@
-"""patches/distributed.py, a gloo group's works one at a time: torch 2.13's gloo runs a group's asynchronous works
+"""megatron_npu/patches/distributed.py, a gloo group's works one at a time: torch 2.13's gloo runs a group's asynchronous works
 on two threads, and two in flight at once corrupted the heap under Megatron-FSDP's prefetched all-gathers
 (tests/training/test_fsdp.py's DP2 run died now and then with "malloc(): unaligned tcache chunk detected").
 Groups are built here in this process, one rank each, on a HashStore: no launch."""

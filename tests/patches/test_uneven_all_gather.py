@@ -1,4 +1,4 @@
-"""patches/distributed.py, all_gather of unequal sizes on gloo: megatron-core's layer-wise distributed optimizer
+"""megatron_npu/patches/distributed.py, all_gather of unequal sizes on gloo: megatron-core's layer-wise distributed optimizer
 gathers each rank's flattened parameters at that rank's size (dist_checkpointing/test_layer_wise_optimizer.py::
 test_layer_wise_optimizer_step: 'ProcessGroupGloo::allgather: invalid tensor size'). Two ranks, about 20 s."""
 

@@ -11,7 +11,7 @@ checkpoint comparison); the fixture prints (and writes beside the runs, figures.
 differences, whether the resumes were exact, and the seconds of each part: the README quotes them.
 
 Which releases: ``MEGATRON_NPU_RELEASES`` (comma-separated, or ``all``). By default (CI) two: 0.12.1, the oldest
-(MindSpeed-LLM's pin; the releases-only patches of patches/release_fixes.py and most compat shims), and 0.19.2,
+(MindSpeed-LLM's pin; the releases-only patches of megatron_npu/patches/release_fixes.py and most compat shims), and 0.19.2,
 the newest (Python 3.12, triton stand-ins, 0.17+'s tokenizer and spec builders), only when the cache already holds
 the Python 3.12 CUDA torch (cold, that install took 22 min here: build it with ``python tests/releases/envs.py
 0.17.1 0.18.2 0.19.2``). Every other release gets test_release_quick.py's quick check in CI instead (the doctor, the

@@ -895,7 +895,7 @@ def test_args_defaults_satisfy_a_required_flag_before_validation():
 
 
 def test_upstream_megatron_lm_backend_goes_through_the_same_accelerator_question(capsys):
-    """patches/megatron_training.py maps Megatron-LM's --distributed-backend as this trainer does."""
+    """megatron_npu/patches/megatron_training.py maps Megatron-LM's --distributed-backend as this trainer does."""
     import argparse
 
     from megatron_npu.accelerator.cpu import CpuAccelerator

@@ -47,7 +47,7 @@ MOE = [
     *("--moe-token-dispatcher-type", "alltoall", "--disable-bias-linear"),
 ]
 EP2 = ["--expert-model-parallel-size", "2"]
-# later flags win: the other strategies (no_shard without --overlap-param-gather: patches/fsdp.py)
+# later flags win: the other strategies (no_shard without --overlap-param-gather: megatron_npu/patches/fsdp.py)
 OPTIM_GRADS = ["--data-parallel-sharding-strategy", "optim_grads"]
 OPTIM = ["--data-parallel-sharding-strategy", "optim"]
 NO_SHARD = ["--data-parallel-sharding-strategy", "no_shard"]
@@ -168,7 +168,7 @@ def test_torch_fsdp2_trains_the_one_rank_losses_and_resumes_exactly_under_any_dp
     reference, torch_fsdp2_2, tmp_path_factory
 ):
     """FSDP2 saves torch_dist (megatron-core's optimizer finds its DTensor parameters through
-    patches/fsdp.py; the loaded optimizer state becomes DTensors again): 2 ranks resume their own
+    megatron_npu/patches/fsdp.py; the loaded optimizer state becomes DTensors again): 2 ranks resume their own
     iteration-2 checkpoint bit for bit, 1 rank trains on from it with the 1-rank losses."""
     _assert_same_losses(train_losses(torch_fsdp2_2), reference, ITERATIONS, 1e-5)
     root = checkpoint_at(torch_fsdp2_2 / "ckpt", 2, tmp_path_factory.mktemp("fsdp2_root"))

@@ -1,5 +1,5 @@
 """Context parallelism in Megatron-LM core_v0.16.1's own trainer with ``--transformer-impl local``
-(patches/context_parallel.py gives the local spec megatron_npu's ContextParallelAttention).
+(megatron_npu/patches/context_parallel.py gives the local spec megatron_npu's ContextParallelAttention).
 
 From the same seed CP does not change the initial weights (megatron seeds by TP and PP rank) nor
 the global batches, and attention over the split sequence is exact: CP2's per-iteration lm loss

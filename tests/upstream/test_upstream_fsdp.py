@@ -1,9 +1,9 @@
 """Megatron-LM core_v0.16.1's own pretrain_gpt.py with its FSDP flags, through ``-m megatron_npu.run``
 (cpu target, gloo): Megatron-FSDP (``optim_grads_params``) and torch FSDP2 on 2 ranks train the
-1-rank run's model with its losses (patches/fsdp.py makes both run off CUDA).
+1-rank run's model with its losses (megatron_npu/patches/fsdp.py makes both run off CUDA).
 
 Three launches: the 1-rank reference (Megatron-FSDP, one rank: the plain data-parallel math, since
-patches/fsdp.py makes a single rank's reduction the identity), Megatron-FSDP on 2 ranks, FSDP2 on 2
+megatron_npu/patches/fsdp.py makes a single rank's reduction the identity), Megatron-FSDP on 2 ranks, FSDP2 on 2
 ranks. Embeddings are untied in all three (FSDP2 requires it), so the three train one model.
 """
 

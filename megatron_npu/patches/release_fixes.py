@@ -94,7 +94,7 @@ register(
     "distrib_optimizer._set_main_param_and_optimizer_states.source_keys.config_0_12",
     "megatron.core.optimizer.distrib_optimizer:DistributedOptimizer._set_main_param_and_optimizer_states",
     reason="iterates the destination keys, which include torch AdamW's 'step' that the checkpoint drops "
-    "(KeyError on load): patches/optimizer.py's fix, under 0.12's name of the precision-aware switch "
+    "(KeyError on load): megatron_npu/patches/optimizer.py's fix, under 0.12's name of the precision-aware switch "
     "(use_precision_aware_optimizer; 0.13 renamed what it reads)",
     subsystem=SUBSYSTEM,
     megatron_versions=">=0.12.0,<0.13",

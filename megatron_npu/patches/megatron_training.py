@@ -7,7 +7,7 @@ target that moved between tags has one patch per range). Targets in
 ``megatron.training`` modules are applied by the registry's import hook when the
 script imports ``megatron.training``; nothing here applies on the cuda target.
 
-What a plain redirection of ``torch.cuda`` (patches/torch_cuda.py) does not cover:
+What a plain redirection of ``torch.cuda`` (megatron_npu/patches/torch_cuda.py) does not cover:
 import-time obstacles (an unguarded ``triton`` import, ``compile_helpers()`` running
 ``make``), CUDA-only checks (``assert torch.cuda.is_available()``, the GPU arch and
 ``CUDA_DEVICE_MAX_CONNECTIONS``), the ``nccl``-only backend choice, and argument
@@ -280,7 +280,7 @@ def _signal_handler_device(original: Callable[..., Any], accelerator: Accelerato
 # ----- arguments ------------------------------------------------------------------------------
 
 #: Megatron-LM's torch.compile'd fusion switches, turned off with a warning where the accelerator has no jit
-#: fuser (patches/transformer.py turns the same fields off in any TransformerConfig; this names the flags).
+#: fuser (megatron_npu/patches/transformer.py turns the same fields off in any TransformerConfig; this names the flags).
 _JIT_FUSIONS = ("bias_gelu_fusion", "bias_swiglu_fusion", "bias_dropout_fusion")
 
 
@@ -329,7 +329,7 @@ def adapt_args(args: argparse.Namespace, argv: list[str], accelerator: Accelerat
 
 def _rope_fusion_unavailable(args: argparse.Namespace, accelerator: Accelerator) -> bool:
     """Megatron-LM's default --apply-rope-fusion with RoPE, where neither Transformer Engine nor the
-    device's half-split kernel (patches/fused_ops.py fills megatron-core's slot with it) can serve it."""
+    device's half-split kernel (megatron_npu/patches/fused_ops.py fills megatron-core's slot with it) can serve it."""
     if not getattr(args, "apply_rope_fusion", False) or args.position_embedding_type not in ("rope", "mrope"):
         return False
     if importlib.util.find_spec("transformer_engine") is not None:
