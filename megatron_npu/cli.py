@@ -28,7 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "Megatron-LM launch script / --yaml-cfg -> NPU (--list-rules for the rules)",
     ),
     "rankmap": ("megatron_npu.layout.rankmap", "rank -> node/device and TP/PP/DP/CP groups; refuses TP across nodes"),
-    "plan": ("megatron_npu.layout.plan_cli", "communication and memory per rank; --search: the layouts that fit"),
+    "plan": ("megatron_npu.plan.cli", "communication and memory per rank; --search: the layouts that fit"),
     "ranktable": ("megatron_npu.layout.ranktable", "HCCL rank table (RANK_TABLE_FILE) from hosts and NPU NIC ips"),
     "convert": (
         "megatron_npu.convert.cli",

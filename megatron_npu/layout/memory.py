@@ -2,7 +2,7 @@
 
 From the trainer's settings (pretrain_gpt.py's flags, or args.json) or a Hugging Face config through
 the converter's mapping; no torch import. Parameter lists come from the communication planner
-(``planner._stage_params``: names and sizes in megatron-core's ``named_parameters()`` order), and
+(``model_spec.stage_params``: names and sizes in megatron-core's ``named_parameters()`` order), and
 bucket layout from the same megatron-core ``_ParamAndGradBuffer`` rules (``bucket_layout``).
 
 What is counted, and how it was checked (tests/layout/test_memory_model.py, cpu target, megatron-core
@@ -60,9 +60,9 @@ from typing import Any
 from megatron_npu.layout.buckets import Bucket, bucket_layout
 from megatron_npu.layout.fsdp_comm import state_bytes_per_rank
 from megatron_npu.layout.model_shape import ModelShape
+from megatron_npu.layout.model_spec import DTYPE_BYTES, ModelSpec, is_expert, stage_params
 from megatron_npu.layout.parallel_dims import ParallelDims, arg_value
 from megatron_npu.layout.plan_cp_fsdp import fsdp_scheme
-from megatron_npu.layout.planner import DTYPE_BYTES, ModelSpec, _is_expert, _stage_params
 
 # ---- settings --------------------------------------------------------------------------------
 
@@ -193,7 +193,7 @@ def _rank_buffers(
     for c in range(vpp):
         vstage = c * pp + rank_coords["pp"]
         moe = model.moe_layers(vstage * chunk_layers, chunk_layers)
-        params = _stage_params(
+        params = stage_params(
             model,
             dims.tp,
             chunk_layers,
@@ -207,8 +207,8 @@ def _rank_buffers(
         patterns.append(moe)
         bucketed = st.overlap_grad_reduce and rank_coords["pp"] == 0 and c == 0
         if dims.ep > 1:
-            dense = [p for p in params if not _is_expert(p[0])]
-            experts = [p for p in params if _is_expert(p[0])]
+            dense = [p for p in params if not is_expert(p[0])]
+            experts = [p for p in params if is_expert(p[0])]
             buffers.append((dense, dims.dp_cp, rank_coords["dp_cp"], bucketed, shared))
             buffers.append((experts, dims.expert_dp, rank_coords["edp"], bucketed, set()))
         else:

@@ -1,6 +1,7 @@
 """Communication planner: what each rank passes to torch.distributed per training iteration.
 
-The ``megatron-npu plan`` command is megatron_npu/layout/plan_cli.py (memory: memory.py; --search: search.py).
+The model description: model_spec.py; memory: memory.py; the ``megatron-npu plan`` command (and --search)
+above this library: megatron_npu/plan/.
 
 Definitions (shared with ``megatron_npu.perf.comm.CommCounter`` so a plan can be checked
 against a measured run):
@@ -63,13 +64,11 @@ from dataclasses import asdict, dataclass, field
 
 from megatron_npu.accelerator.facts import PLANNING_FACTS
 from megatron_npu.layout.buckets import bucket_layout
-from megatron_npu.layout.model_shape import ModelShape, pad_vocab_size
-from megatron_npu.layout.moe import moe_layer_pattern
+from megatron_npu.layout.model_spec import DTYPE_BYTES, ModelSpec, is_expert, stage_params
 from megatron_npu.layout.parallel_dims import ParallelDims
 from megatron_npu.layout.plan_cp_fsdp import plan_cp, plan_fsdp
 from megatron_npu.layout.rankmap import RankMap, cp_placement
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # Assumed link bandwidths: facts of the target (megatron_npu/accelerator/facts.py); measure
 # and override with --intra-gbps / --inter-gbps.
 HCCS_GBPS = PLANNING_FACTS.intra_node_gbps  # GB/s per device inside a node
@@ -101,113 +100,6 @@ def expert_all_to_all_bytes(
     pairs = micro_batch_size * seq_length // tokens_split * topk
     per_layer = 4 * pairs * hidden_size * dtype_bytes + 2 * pairs * (probs_bytes or dtype_bytes)
     return per_layer * moe_layers * microbatches
-
-
-@dataclass
-class ModelSpec:
-    """GPT shape, named as Megatron-LM's flags."""
-
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    seq_length: int
-    micro_batch_size: int
-    global_batch_size: int
-    vocab_size: int
-    ffn_hidden_size: int | None = None  # None: Megatron-LM's default (4h; SwiGLU: 8h/3 rounded to 64)
-    num_query_groups: int | None = None  # None: no GQA
-    kv_channels: int | None = None  # None: hidden / heads
-    swiglu: bool = False
-    untie_embeddings_and_output_weights: bool = False
-    add_bias_linear: bool = True
-    normalization: str = "LayerNorm"  # or RMSNorm (no bias)
-    position_embedding_type: str = "learned_absolute"  # or rope
-    max_position_embeddings: int | None = None  # None: seq_length
-    make_vocab_size_divisible_by: int = 128
-    params_dtype: str = "bf16"
-    grad_reduce_in_fp32: bool | None = None  # None: Megatron-LM's rule, True for bf16
-    num_experts: int | None = None  # MoE: experts per MoE layer
-    moe_router_topk: int = 2
-    moe_layer_freq: int | list[int] = 1
-    moe_ffn_hidden_size: int | None = None  # None: ffn_hidden_size
-    moe_shared_expert_intermediate_size: int | None = None
-    moe_shared_expert_gate: bool = False
-    moe_token_dispatcher_type: str = "alltoall"  # the EP all-to-all is modelled for alltoall
-    moe_pad_expert_input_to_capacity: bool = False
-    moe_router_load_balancing_type: str | list[str] = "aux_loss"
-    moe_aux_loss_coeff: float | list[float] = 0.0
-    moe_z_loss_coeff: float | None = None
-
-    @classmethod
-    def from_shape(cls, shape: ModelShape, **training: object) -> ModelSpec:
-        """The shape's resolved sizes plus the batch, dtype and architecture fields."""
-        return cls(
-            num_layers=shape.num_layers,
-            hidden_size=shape.hidden_size,
-            num_attention_heads=shape.num_attention_heads,
-            vocab_size=shape.vocab_size,
-            ffn_hidden_size=shape.ffn_hidden_size,
-            num_query_groups=shape.num_query_groups,
-            kv_channels=shape.kv_channels,
-            swiglu=shape.swiglu,
-            make_vocab_size_divisible_by=shape.make_vocab_size_divisible_by,
-            **training,
-        )  # type: ignore[arg-type]
-
-    @property
-    def shape(self) -> ModelShape:
-        """Megatron-LM's defaults applied: the same object the trainer's validation uses."""
-        return ModelShape.build(
-            self.num_layers,
-            self.hidden_size,
-            self.num_attention_heads,
-            ffn_hidden_size=self.ffn_hidden_size,
-            kv_channels=self.kv_channels,
-            num_query_groups=self.num_query_groups,
-            swiglu=self.swiglu,
-            vocab_size=self.vocab_size,
-            make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
-        )
-
-    @property
-    def ffn(self) -> int:
-        return self.shape.ffn_hidden_size
-
-    @property
-    def tied(self) -> bool:
-        return not self.untie_embeddings_and_output_weights
-
-    @property
-    def moe_ffn(self) -> int:
-        return self.moe_ffn_hidden_size or self.ffn
-
-    def moe_layers(self, start: int, count: int) -> list[bool]:
-        """Which of layers ``start`` .. ``start + count - 1`` are MoE layers (none without experts)."""
-        if not self.num_experts:
-            return [False] * count
-        return moe_layer_pattern(self.moe_layer_freq, self.num_layers)[start : start + count]
-
-    def tracked_moe_losses(self) -> list[tuple[str, bool]]:
-        """The MoE losses the trainer logs (training/reporting.py's moe_track_names), each with whether
-        megatron-core's router registers a reduce group for it (the balancing losses with a coefficient:
-        TP x CP, then DP) or only the pipeline reduce runs (z-loss; a zero coefficient)."""
-        types = self.moe_router_load_balancing_type
-        types = [types] if isinstance(types, str) else list(types)
-        coeffs = self.moe_aux_loss_coeff if isinstance(self.moe_aux_loss_coeff, list) else [self.moe_aux_loss_coeff]
-        coeff = dict(zip(types, coeffs * len(types) if len(coeffs) == 1 else coeffs, strict=True))
-        names = [
-            (name, coeff[kind] > 0)
-            for kind, name in (("aux_loss", "load_balancing_loss"), ("seq_aux_loss", "seq_load_balancing_loss"))
-            if kind in types
-        ]
-        return names + ([("z_loss", False)] if self.moe_z_loss_coeff is not None else [])
-
-    def padded_vocab(self, tp: int) -> int:
-        return pad_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tp)
-
-    def grad_bytes(self) -> int:
-        fp32 = self.grad_reduce_in_fp32 if self.grad_reduce_in_fp32 is not None else self.params_dtype == "bf16"
-        return 4 if fp32 else DTYPE_BYTES[self.params_dtype]
 
 
 @dataclass
@@ -359,74 +251,6 @@ class CommPlan:
         }
 
 
-def _stage_params(
-    m: ModelSpec,
-    tp: int,
-    layers: int,
-    first: bool,
-    last: bool,
-    pp: int,
-    moe: list[bool] | None = None,
-    experts: tuple[int, int] = (0, 1),
-) -> list[tuple[str, int]]:
-    """(name, numel) of one model chunk's parameters in named_parameters() order (local spec). An MoE
-    layer (``moe``, per layer) has a router, ``experts`` = (local experts, expert TP) and the shared
-    experts; under EP > 1 DDP reduces the experts (``_is_expert``) over expert data parallel."""
-    shape = m.shape
-    h, kv, groups = shape.hidden_size, shape.kv_channels, shape.num_query_groups
-    norm = ["weight"] if m.normalization == "RMSNorm" else ["weight", "bias"]
-    bias = m.add_bias_linear
-    qkv_out = (m.num_attention_heads + 2 * groups) * kv // tp
-    fc1_out = shape.fc1_out // tp
-    vocab = m.padded_vocab(tp) // tp  # vocab-parallel rows on this rank
-    out: list[tuple[str, int]] = []
-    if first:
-        out.append(("embedding.word_embeddings.weight", vocab * h))
-        if m.position_embedding_type == "learned_absolute":
-            out.append(("embedding.position_embeddings.weight", (m.max_position_embeddings or m.seq_length) * h))
-    for i in range(layers):
-        p = f"decoder.layers.{i}."
-        out += [(p + "input_layernorm." + n, h) for n in norm]
-        out.append((p + "self_attention.linear_proj.weight", h * m.num_attention_heads * kv // tp))
-        out += [(p + "self_attention.linear_proj.bias", h)] if bias else []
-        out.append((p + "self_attention.linear_qkv.weight", qkv_out * h))
-        out += [(p + "self_attention.linear_qkv.bias", qkv_out)] if bias else []
-        out += [(p + "pre_mlp_layernorm." + n, h) for n in norm]
-        if moe and moe[i]:
-            out += _moe_params(m, tp, p + "mlp.", *experts)
-            continue
-        out.append((p + "mlp.linear_fc1.weight", fc1_out * h))
-        out += [(p + "mlp.linear_fc1.bias", fc1_out)] if bias else []
-        out.append((p + "mlp.linear_fc2.weight", h * shape.ffn_hidden_size // tp))
-        out += [(p + "mlp.linear_fc2.bias", h)] if bias else []
-    if last:
-        out += [("decoder.final_layernorm." + n, h) for n in norm]
-        if not m.tied or not first:  # tied on one stage: the output layer reuses the embedding
-            out.append(("output_layer.weight", vocab * h))
-    return out
-
-
-def _moe_params(m: ModelSpec, tp: int, prefix: str, local_experts: int, etp: int) -> list[tuple[str, int]]:
-    """An MoE layer's parameters: the router (replicated), the local experts (SequentialMLP, no bias)
-    and the shared experts."""
-    h, ffn = m.hidden_size, m.moe_ffn
-    out = [(prefix + "router.weight", (m.num_experts or 0) * h)]
-    for e in range(local_experts):
-        p = f"{prefix}experts.local_experts.{e}."
-        out.append((p + "linear_fc1.weight", ffn * (2 if m.swiglu else 1) // etp * h))
-        out.append((p + "linear_fc2.weight", h * ffn // etp))
-    shared = m.moe_shared_expert_intermediate_size
-    if shared:
-        out.append((prefix + "shared_experts.linear_fc1.weight", shared * (2 if m.swiglu else 1) // tp * h))
-        out.append((prefix + "shared_experts.linear_fc2.weight", h * shared // tp))
-        out += [(prefix + "shared_experts.gate_weight", h)] if m.moe_shared_expert_gate else []
-    return out
-
-
-def _is_expert(name: str) -> bool:
-    return ".mlp.experts." in name
-
-
 def _sp_marked(name: str) -> bool:
     """Params megatron marks ``sequence_parallel``: norms, row-parallel biases and the MoE router."""
     return "layernorm" in name or name.endswith(("linear_proj.bias", "linear_fc2.bias", "router.weight"))
@@ -446,171 +270,224 @@ def plan(
     intra_gbps: float = HCCS_GBPS,
     inter_gbps: float = ROCE_GBPS,
 ) -> CommPlan:
-    par = parallel or ParallelSpec()
+    """Every rank's calls for one iteration: the layout's rules checked, then each rank's steps."""
+    par, mbs = _checked(model, layout, parallel or ParallelSpec())
+    ranks = [_RankSteps(model, par, layout, entry.rank, mbs).run() for entry in layout.ranks]
+    return CommPlan(layout, model, par, ranks, intra_gbps, inter_gbps)
+
+
+def _checked(model: ModelSpec, layout: RankMap, par: ParallelSpec) -> tuple[ParallelSpec, int]:
+    """The layout's rules for this model (ParallelDims), and the settings megatron-core derives: SP is
+    off at TP 1. Returns the settings and the micro-batches per iteration."""
     dims = layout.dims
-    tp, pp, cp, dp = dims.tp, dims.pp, dims.cp, dims.dp
-    vpp = dims.virtual_stages
     dims.check_num_layers(model.num_layers)
     dims.check_seq_length(model.seq_length, par.sequence_parallel)
     mbs = dims.microbatches(model.global_batch_size, model.micro_batch_size)
-    if par.sequence_parallel and tp == 1:
-        par = ParallelSpec(**(asdict(par) | {"sequence_parallel": False}))  # megatron turns SP off at TP=1
-    pb, gb = DTYPE_BYTES[model.params_dtype], model.grad_bytes()
-    s_local = model.seq_length // cp
-    act = s_local * model.micro_batch_size * model.hidden_size * pb  # one [s, b, h] activation
-    act_sp = act // tp
-    scalar = s_local * model.micro_batch_size * 4  # one fp32 [s, b]
-    chunk_layers = dims.layers_per_chunk(model.num_layers)
-    sp = par.sequence_parallel
-    bucket_size = par.bucket_size or max(40_000_000, 1_000_000 * dp * cp)
+    if par.sequence_parallel and dims.tp == 1:
+        par = ParallelSpec(**(asdict(par) | {"sequence_parallel": False}))
+    return par, mbs
 
-    moe = bool(model.num_experts)
-    local_experts = model.num_experts // dims.ep if moe else 0  # type: ignore[operator]
 
-    def group(name: str, rank: int) -> list[int]:
-        return next(g for g in layout.groups[name] if rank in g)
+class _RankSteps:
+    """One rank's calls, step by step in the order megatron-core makes them in one iteration."""
 
-    out = []
-    for e in layout.ranks:
-        rp = RankPlan(e.rank, e.node, e.pp_rank)
-        tpg, ppg, dpg = group("tp", e.rank), group("pp", e.rank), group("dp_cp", e.rank)
-        tp_inter, dp_inter = layout.spans_nodes(tpg), layout.spans_nodes(dpg)
+    def __init__(self, model: ModelSpec, par: ParallelSpec, layout: RankMap, rank: int, mbs: int) -> None:
+        self.model, self.par, self.layout, self.dims, self.mbs = model, par, layout, layout.dims, mbs
+        entry = layout.ranks[rank]
+        self.rank, self.pp_rank = rank, entry.pp_rank
+        self.rp = RankPlan(rank, entry.node, entry.pp_rank)
+        self.tpg, self.ppg, self.dpg = self.group("tp"), self.group("pp"), self.group("dp_cp")
+        self.tp_inter, self.dp_inter = layout.spans_nodes(self.tpg), layout.spans_nodes(self.dpg)
+        self.first, self.last = entry.pp_rank == 0, entry.pp_rank == self.dims.pp - 1
+        self.pb, self.gb = DTYPE_BYTES[model.params_dtype], model.grad_bytes()
+        self.act = model.seq_length // self.dims.cp * model.micro_batch_size * model.hidden_size * self.pb  # [s, b, h]
+        self.sp = par.sequence_parallel
+        self.chunk_layers = self.dims.layers_per_chunk(model.num_layers)
+        self.bucket_size = par.bucket_size or max(40_000_000, 1_000_000 * self.dims.dp * self.dims.cp)
 
-        def add(label: str, op: str, what: str, calls: int, payload: int, g: list[int], inter: bool) -> None:
-            if calls:
-                rp.items.append(Item(label, op, what, calls, payload, len(g), inter))  # noqa: B023
+    def group(self, name: str, rank: int | None = None) -> list[int]:
+        rank = self.rank if rank is None else rank
+        return next(g for g in self.layout.groups[name] if rank in g)
 
-        first, last = e.pp_rank == 0, e.pp_rank == pp - 1
-        layers_here = chunk_layers * vpp
-        # tensor parallel, per microbatch
-        if tp > 1:
-            if sp:
-                add(
-                    "tp",
-                    "all_gather",
-                    "layers: qkv/fc1 fwd + bwd recompute, proj/fc2 bwd",
-                    6 * layers_here * mbs,
-                    act_sp,
-                    tpg,
-                    tp_inter,
-                )
-                add(
-                    "tp",
-                    "reduce_scatter",
-                    "layers: proj/fc2 fwd, qkv/fc1 dgrad",
-                    4 * layers_here * mbs,
-                    act,
-                    tpg,
-                    tp_inter,
-                )
-            else:
-                add(
-                    "tp", "all_reduce", "layers: proj/fc2 fwd, qkv/fc1 dgrad", 4 * layers_here * mbs, act, tpg, tp_inter
-                )
-            if par.recompute_full:  # not checked against a run
-                if sp:
-                    add("tp", "all_gather", "recomputed layer fwd", 2 * layers_here * mbs, act_sp, tpg, tp_inter)
-                    add("tp", "reduce_scatter", "recomputed layer fwd", 2 * layers_here * mbs, act, tpg, tp_inter)
-                else:
-                    add("tp", "all_reduce", "recomputed layer fwd", 2 * layers_here * mbs, act, tpg, tp_inter)
-            if first:
-                if sp and model.position_embedding_type != "learned_absolute":
-                    add("tp", "reduce_scatter", "embedding fwd", mbs, act, tpg, tp_inter)
-                else:
-                    add("tp", "all_reduce", "embedding fwd", mbs, act, tpg, tp_inter)
-                if sp:
-                    add("tp", "all_gather", "embedding bwd", mbs, act_sp, tpg, tp_inter)
-            if last:
-                if sp:
-                    add("tp", "all_gather", "output layer fwd + bwd recompute", 2 * mbs, act_sp, tpg, tp_inter)
-                    add("tp", "reduce_scatter", "output layer dgrad", mbs, act, tpg, tp_inter)
-                else:
-                    add("tp", "all_reduce", "output layer dgrad", mbs, act, tpg, tp_inter)
-        if cp > 1:
-            own = [(c * pp + e.pp_rank) * chunk_layers + i for c in range(vpp) for i in range(chunk_layers)]
-            plan_cp(model, par, layout, e.rank, own, mbs, add, pb)
-        if last:  # vocab-parallel cross-entropy: max, predicted logit, sum exp (unconditional)
-            add("tp", "all_reduce", "cross-entropy (fp32 [s,b])", 3 * mbs, scalar, tpg, tp_inter)
-        # parameters, per model chunk (each chunk has its own DDP buffers)
-        chunks, moe_here = [], 0
-        for c in range(vpp):
-            vstage = c * pp + e.pp_rank
-            moe_layers = model.moe_layers(vstage * chunk_layers, chunk_layers)
-            moe_here += sum(moe_layers)
-            experts = (local_experts, dims.expert_tp)
-            chunks.append(
-                _stage_params(model, tp, chunk_layers, vstage == 0, vstage == pp * vpp - 1, pp, moe_layers, experts)
+    def add(self, label: str, op: str, what: str, calls: int, payload: int, g: list[int], inter: bool) -> None:
+        if calls:
+            self.rp.items.append(Item(label, op, what, calls, payload, len(g), inter))
+
+    def run(self) -> RankPlan:
+        self.tensor_parallel()
+        self.context_parallel()
+        self.cross_entropy()
+        chunks, expert_chunks, moe_here = self.parameters()
+        self.sequence_parallel_grads(chunks)
+        self.pipeline_p2p()
+        self.gradient_buffers(chunks)
+        self.tied_embedding_grad()
+        self.grad_norm()
+        self.per_token_loss()
+        if self.model.num_experts:
+            _plan_moe(
+                self.model,
+                self.par,
+                self.dims,
+                self.rank,
+                moe_here,
+                self.mbs,
+                expert_chunks,
+                self.bucket_size,
+                self.group,
+                self.add,
+                self.layout,
             )
-        # under EP > 1 the experts have a DDP buffer of their own, reduced over expert data parallel
-        expert_chunks = [[p for p in ch if _is_expert(p[0])] for ch in chunks] if dims.ep > 1 else []
-        chunks = [[p for p in ch if not _is_expert(p[0])] for ch in chunks] if dims.ep > 1 else chunks
+        self.loss_report()
+        return self.rp
+
+    def tensor_parallel(self) -> None:
+        """Per micro-batch: the layers' row / column-parallel reductions (or SP's gathers and scatters),
+        the recomputed forward, the embedding's and the output layer's."""
+        if self.dims.tp == 1:
+            return
+        act, act_sp, mbs, sp = self.act, self.act // self.dims.tp, self.mbs, self.sp
+        layers = self.chunk_layers * self.dims.virtual_stages * mbs
+        tp = (self.tpg, self.tp_inter)
         if sp:
-            n = sum(numel for ch in chunks for name, numel in ch if _sp_marked(name))
-            add("tp", "all_reduce", "SP norm/bias grads", 1, n * gb, tpg, tp_inter)
-        # pipeline p2p (1F1B; interleaved: once per chunk boundary)
-        if pp > 1:
-            p2p = act_sp if sp else act
-            nxt, prv = ppg[(e.pp_rank + 1) % pp], ppg[(e.pp_rank - 1) % pp]
-            fwd_send = mbs * vpp - (mbs if last else 0)
-            fwd_recv = mbs * vpp - (mbs if first else 0)
-            add("pp", "send", "activations", fwd_send, p2p, [e.rank, nxt], layout.node_of(nxt) != e.node)
-            add("pp", "recv", "activations", fwd_recv, p2p, [prv, e.rank], layout.node_of(prv) != e.node)
-            add("pp", "send", "activation grads", fwd_recv, p2p, [e.rank, prv], layout.node_of(prv) != e.node)
-            add("pp", "recv", "activation grads", fwd_send, p2p, [nxt, e.rank], layout.node_of(nxt) != e.node)
-        # data parallel: DDP grad buffers
-        shared = {"embedding.word_embeddings.weight", "output_layer.weight"} if model.tied and pp > 1 else set()
-        if par.fsdp:
-            plan_fsdp(par.fsdp, chunks, dp * cp, mbs, pb, gb, dpg, dp_inter, add, par.bucket_size)
-        for c, ch in enumerate([] if par.fsdp else chunks):
-            bsize = bucket_size if (par.overlap_grad_reduce and e.pp_rank == 0 and c == 0) else None
-            bks = _buckets(ch, dp * cp, par.use_distributed_optimizer, bsize, shared)
-            for b in bks:
-                if par.use_distributed_optimizer:
-                    add("dp_cp", "reduce_scatter", "grad buffer", 1, b * gb, dpg, dp_inter)
-                    add("dp_cp", "all_gather", "param buffer shard", 1, b // (dp * cp) * pb, dpg, dp_inter)
-                else:
-                    add("dp_cp", "all_reduce", "grad buffer", 1, b * gb, dpg, dp_inter)
-        if model.tied and pp > 1 and (first or last):
-            eg = [ppg[0], ppg[-1]]
-            add(
-                "embd",
-                "all_reduce",
-                "tied embedding grad",
-                1,
-                model.padded_vocab(tp) // tp * model.hidden_size * gb,
-                eg,
-                layout.spans_nodes(eg),
-            )
-        if par.clip_grad > 0:
-            if par.use_distributed_optimizer:
-                # megatron's intra-distributed-optimizer-instance group: every rank, its own group object
-                add("dist_opt", "all_reduce", "grad norm", 1, 4, list(range(layout.world_size)), layout.nnodes > 1)
+            self.add("tp", "all_gather", "layers: qkv/fc1 fwd + bwd recompute, proj/fc2 bwd", 6 * layers, act_sp, *tp)
+            self.add("tp", "reduce_scatter", "layers: proj/fc2 fwd, qkv/fc1 dgrad", 4 * layers, act, *tp)
+        else:
+            self.add("tp", "all_reduce", "layers: proj/fc2 fwd, qkv/fc1 dgrad", 4 * layers, act, *tp)
+        if self.par.recompute_full:  # not checked against a run
+            if sp:
+                self.add("tp", "all_gather", "recomputed layer fwd", 2 * layers, act_sp, *tp)
+                self.add("tp", "reduce_scatter", "recomputed layer fwd", 2 * layers, act, *tp)
             else:
-                mpg = group("mp", e.rank)
-                add("mp", "all_reduce", "grad norm", 1, 4, mpg, layout.spans_nodes(mpg))
-            if par.fsdp == "torch_fsdp2" and len(dpg) > 1:
-                # megatron-core sums the norm of DTensor gradients over their mesh's group first
-                add("dp_cp", "all_reduce", "grad norm (DTensor shards)", 1, 4, dpg, dp_inter)
-        if par.per_token_loss:
-            if pp > 1:
-                add("pp", "broadcast", "token count (per-token loss)", 1, 4, ppg, layout.spans_nodes(ppg))
-            add("dp_cp", "all_reduce", "token count (per-token loss)", 1, 4, dpg, dp_inter)
-        if moe:
-            _plan_moe(model, par, dims, e.rank, moe_here, mbs, expert_chunks, bucket_size, group, add, layout)
-        if par.loss_allreduce and last:  # over DP x CP (CP ranks hold parts of the same samples); DP without CP
-            label = "dp_cp" if dims.cp > 1 else "dp"
-            lg = group(label, e.rank)
-            add(
-                label,
-                "all_reduce",
-                "loss report (trainer: 'lm loss' as [sum, count])",
-                1,
-                8,
-                lg,
-                layout.spans_nodes(lg),
+                self.add("tp", "all_reduce", "recomputed layer fwd", 2 * layers, act, *tp)
+        if self.first:
+            if sp and self.model.position_embedding_type != "learned_absolute":
+                self.add("tp", "reduce_scatter", "embedding fwd", mbs, act, *tp)
+            else:
+                self.add("tp", "all_reduce", "embedding fwd", mbs, act, *tp)
+            if sp:
+                self.add("tp", "all_gather", "embedding bwd", mbs, act_sp, *tp)
+        if self.last:
+            if sp:
+                self.add("tp", "all_gather", "output layer fwd + bwd recompute", 2 * mbs, act_sp, *tp)
+                self.add("tp", "reduce_scatter", "output layer dgrad", mbs, act, *tp)
+            else:
+                self.add("tp", "all_reduce", "output layer dgrad", mbs, act, *tp)
+
+    def context_parallel(self) -> None:
+        """CP attention's K/V traffic per layer this rank holds (plan_cp_fsdp.py)."""
+        if self.dims.cp == 1:
+            return
+        pp, n = self.dims.pp, self.chunk_layers
+        own = [(c * pp + self.pp_rank) * n + i for c in range(self.dims.virtual_stages) for i in range(n)]
+        plan_cp(self.model, self.par, self.layout, self.rank, own, self.mbs, self.add, self.pb)
+
+    def cross_entropy(self) -> None:
+        """The vocab-parallel cross-entropy's max, predicted logit and sum of exps (called even at TP 1)."""
+        if self.last:
+            scalar = self.model.seq_length // self.dims.cp * self.model.micro_batch_size * 4  # fp32 [s, b]
+            self.add("tp", "all_reduce", "cross-entropy (fp32 [s,b])", 3 * self.mbs, scalar, self.tpg, self.tp_inter)
+
+    def parameters(self) -> tuple[list[list[tuple[str, int]]], list[list[tuple[str, int]]], int]:
+        """(dense parameters per model chunk, expert parameters per chunk under EP > 1, MoE layers here):
+        each chunk has its own DDP buffers, and under EP > 1 the experts one of their own."""
+        model, dims, pp, n = self.model, self.dims, self.dims.pp, self.chunk_layers
+        experts = ((model.num_experts or 0) // dims.ep, dims.expert_tp)
+        chunks, moe_here = [], 0
+        for c in range(dims.virtual_stages):
+            vstage = c * pp + self.pp_rank
+            moe_layers = model.moe_layers(vstage * n, n)
+            moe_here += sum(moe_layers)
+            last = vstage == pp * dims.virtual_stages - 1
+            chunks.append(stage_params(model, dims.tp, n, vstage == 0, last, pp, moe_layers, experts))
+        if dims.ep == 1:
+            return chunks, [], moe_here
+        experts_only = [[p for p in ch if is_expert(p[0])] for ch in chunks]
+        return [[p for p in ch if not is_expert(p[0])] for ch in chunks], experts_only, moe_here
+
+    def sequence_parallel_grads(self, chunks: list[list[tuple[str, int]]]) -> None:
+        """The SP-marked parameters' gradients (norms, row-parallel biases, router), all-reduced over TP."""
+        if self.sp:
+            n = sum(numel for ch in chunks for name, numel in ch if _sp_marked(name))
+            self.add("tp", "all_reduce", "SP norm/bias grads", 1, n * self.gb, self.tpg, self.tp_inter)
+
+    def pipeline_p2p(self) -> None:
+        """1F1B p2p: one activation and one gradient per micro-batch per boundary (interleaved: per chunk)."""
+        pp = self.dims.pp
+        if pp == 1:
+            return
+        p2p = self.act // self.dims.tp if self.sp else self.act
+        vpp, mbs, node_of = self.dims.virtual_stages, self.mbs, self.layout.node_of
+        nxt, prv = self.ppg[(self.pp_rank + 1) % pp], self.ppg[(self.pp_rank - 1) % pp]
+        to_next, to_prev = node_of(nxt) != self.rp.node, node_of(prv) != self.rp.node
+        fwd_send = mbs * vpp - (mbs if self.last else 0)
+        fwd_recv = mbs * vpp - (mbs if self.first else 0)
+        self.add("pp", "send", "activations", fwd_send, p2p, [self.rank, nxt], to_next)
+        self.add("pp", "recv", "activations", fwd_recv, p2p, [prv, self.rank], to_prev)
+        self.add("pp", "send", "activation grads", fwd_recv, p2p, [self.rank, prv], to_prev)
+        self.add("pp", "recv", "activation grads", fwd_send, p2p, [nxt, self.rank], to_next)
+
+    def gradient_buffers(self, chunks: list[list[tuple[str, int]]]) -> None:
+        """DDP's per-bucket reduction of the dense grad buffers over DP x CP (FSDP: its units)."""
+        par, dp_cp, pb, gb = self.par, self.dims.dp * self.dims.cp, self.pb, self.gb
+        dp = (self.dpg, self.dp_inter)
+        if par.fsdp:
+            plan_fsdp(par.fsdp, chunks, dp_cp, self.mbs, pb, gb, *dp, self.add, par.bucket_size)
+            return
+        shared = {"embedding.word_embeddings.weight", "output_layer.weight"} if self._tied_across_stages else set()
+        for c, ch in enumerate(chunks):
+            bsize = self.bucket_size if (par.overlap_grad_reduce and self.pp_rank == 0 and c == 0) else None
+            for b in _buckets(ch, dp_cp, par.use_distributed_optimizer, bsize, shared):
+                if par.use_distributed_optimizer:
+                    self.add("dp_cp", "reduce_scatter", "grad buffer", 1, b * gb, *dp)
+                    self.add("dp_cp", "all_gather", "param buffer shard", 1, b // dp_cp * pb, *dp)
+                else:
+                    self.add("dp_cp", "all_reduce", "grad buffer", 1, b * gb, *dp)
+
+    @property
+    def _tied_across_stages(self) -> bool:
+        return self.model.tied and self.dims.pp > 1
+
+    def tied_embedding_grad(self) -> None:
+        """The tied embedding's gradient, all-reduced between the first and the last stage."""
+        if self._tied_across_stages and (self.first or self.last):
+            eg = [self.ppg[0], self.ppg[-1]]
+            payload = self.model.padded_vocab(self.dims.tp) // self.dims.tp * self.model.hidden_size * self.gb
+            self.add("embd", "all_reduce", "tied embedding grad", 1, payload, eg, self.layout.spans_nodes(eg))
+
+    def grad_norm(self) -> None:
+        """The 1-float grad-norm all-reduce: every rank under the distributed optimizer (megatron's
+        intra-distributed-optimizer-instance group, its own group object), else model parallel."""
+        if self.par.clip_grad <= 0:
+            return
+        if self.par.use_distributed_optimizer:
+            world = list(range(self.layout.world_size))
+            self.add("dist_opt", "all_reduce", "grad norm", 1, 4, world, self.layout.nnodes > 1)
+        else:
+            mpg = self.group("mp")
+            self.add("mp", "all_reduce", "grad norm", 1, 4, mpg, self.layout.spans_nodes(mpg))
+        if self.par.fsdp == "torch_fsdp2" and len(self.dpg) > 1:
+            # megatron-core sums the norm of DTensor gradients over their mesh's group first
+            self.add("dp_cp", "all_reduce", "grad norm (DTensor shards)", 1, 4, self.dpg, self.dp_inter)
+
+    def per_token_loss(self) -> None:
+        """--calculate-per-token-loss: the token count, broadcast over PP and all-reduced over DP x CP."""
+        if not self.par.per_token_loss:
+            return
+        if self.dims.pp > 1:
+            self.add(
+                "pp", "broadcast", "token count (per-token loss)", 1, 4, self.ppg, self.layout.spans_nodes(self.ppg)
             )
-        out.append(rp)
-    return CommPlan(layout, model, par, out, intra_gbps, inter_gbps)
+        self.add("dp_cp", "all_reduce", "token count (per-token loss)", 1, 4, self.dpg, self.dp_inter)
+
+    def loss_report(self) -> None:
+        """The trainer's 'lm loss' [sum, count] on the last stage, over DP x CP (CP ranks hold parts of
+        the same samples); DP without CP."""
+        if self.par.loss_allreduce and self.last:
+            label = "dp_cp" if self.dims.cp > 1 else "dp"
+            lg = self.group(label)
+            what = "loss report (trainer: 'lm loss' as [sum, count])"
+            self.add(label, "all_reduce", what, 1, 8, lg, self.layout.spans_nodes(lg))
 
 
 def _plan_moe(
@@ -682,10 +559,3 @@ def _plan_moe(
         if reduced and moe_here:  # the reduce group a MoE layer of this stage registered, then DP
             add("tp_cp", "all_reduce", f"MoE tracker {name}", 1, tracker, tp_cp, layout.spans_nodes(tp_cp))
             add("dp", "all_reduce", f"MoE tracker {name} (avg)", 1, tracker, dg, layout.spans_nodes(dg))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``megatron-npu plan`` (megatron_npu/layout/plan_cli.py)."""
-    from megatron_npu.layout.plan_cli import main as plan_main
-
-    return plan_main(argv)

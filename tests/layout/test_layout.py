@@ -19,6 +19,7 @@ from megatron_npu.layout.parallel_dims import TRAINER_FLAGS, ParallelDims
 from megatron_npu.layout.planner import ModelSpec, ParallelSpec, plan
 from megatron_npu.layout.rankmap import LayoutError, build_rank_map
 from megatron_npu.layout.ranktable import RankTableError, build_rank_table, parse_nic_text
+from megatron_npu.plan import cli as plan_cli
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "layout"
@@ -322,9 +323,9 @@ def test_plan_swiglu_uses_the_trainers_ffn_default(capsys):
         "fp32",
         "--json",
     ]
-    assert planner.main([*args, "--swiglu"]) == 0
+    assert plan_cli.main([*args, "--swiglu"]) == 0
     swiglu = json.loads(capsys.readouterr().out)
-    assert planner.main([*args, "--swiglu", "--ffn-hidden-size", "128"]) == 0
+    assert plan_cli.main([*args, "--swiglu", "--ffn-hidden-size", "128"]) == 0
     assert json.loads(capsys.readouterr().out)["ranks"] == swiglu["ranks"]
     assert swiglu["model"]["ffn_hidden_size"] == 128
 
@@ -461,13 +462,13 @@ def test_plan_refuses_and_cli(capsys):
         "--vocab-size",
         "1000",
     ]
-    assert planner.main([*args, "--json"]) == 0
+    assert plan_cli.main([*args, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["ranks"][0]["groups"]["tp"]["bytes"] == 36 * ACT
-    assert planner.main(args) == 0
+    assert plan_cli.main(args) == 0
     out = capsys.readouterr().out
     assert "ASSUMED bandwidths" in out and "rank 0 (node 0" in out and "rank 4 (node 1" in out
-    assert planner.main([*args[:-2], "--vocab-size", "1000", "--global-batch-size", "5"]) == 2
+    assert plan_cli.main([*args[:-2], "--vocab-size", "1000", "--global-batch-size", "5"]) == 2
     assert "plan: error:" in capsys.readouterr().err
 
 
@@ -480,7 +481,8 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 from megatron.core.transformer import TransformerConfig
-from megatron_npu.layout.planner import ModelSpec, _buckets, _stage_params
+from megatron_npu.layout.model_spec import ModelSpec, stage_params
+from megatron_npu.layout.planner import _buckets
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
 ps.initialize_model_parallel(1, 1)
 model_parallel_cuda_manual_seed(1)
@@ -497,7 +499,7 @@ for swiglu, norm, tied, pos, pre, post in cases:
     spec = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=128, micro_batch_size=1,
                      global_batch_size=1, vocab_size=1000, ffn_hidden_size=96, num_query_groups=2, swiglu=swiglu,
                      untie_embeddings_and_output_weights=not tied, normalization=norm, position_embedding_type=pos)
-    mine = _stage_params(spec, 1, 2, pre, post, 1)
+    mine = stage_params(spec, 1, 2, pre, post, 1)
     assert real == mine, (real, mine)
     for dist_opt in (False, True):
         ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(

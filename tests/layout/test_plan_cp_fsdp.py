@@ -10,12 +10,12 @@ import json
 
 import pytest
 
-from megatron_npu.layout import plan_cli
 from megatron_npu.layout.memory import MemorySettings, predict
 from megatron_npu.layout.parallel_dims import ParallelDims
 from megatron_npu.layout.plan_cp_fsdp import cp_fsdp_fields, cp_subgroups, fsdp_units
 from megatron_npu.layout.planner import ModelSpec, ParallelSpec, plan
 from megatron_npu.layout.rankmap import build_rank_map, format_table
+from megatron_npu.plan import cli as plan_cli
 
 LAYER_NUMEL = 49984  # norms 2 x 128, qkv 64 x 192 + 192, proj 64 x 64 + 64, fc1 64 x 256 + 256, fc2 256 x 64 + 64
 

@@ -18,8 +18,8 @@ import pytest
 from distributed import torchrun_nodes
 from pretrain_runs import MOCK_DATA, MODEL, PRETRAIN, SHAPE, pretrain
 
-from megatron_npu.layout import planner
 from megatron_npu.perf import report as perf_report
+from megatron_npu.plan import cli as plan_cli
 
 pytestmark = pytest.mark.launch  # every test reads a run its fixture launched
 
@@ -204,7 +204,7 @@ def test_plan_cli_with_swiglu_counts_the_measured_bytes(tp2_pp2, capsys):
     args = json.loads((run / "logs" / "args.json").read_text())
     assert args["swiglu"] and args["ffn_hidden_size"] == 128  # int((4 * 64 * 2/3) / 64) * 64, not 4h = 256
     assert (
-        planner.main(
+        plan_cli.main(
             [
                 "--nnodes",
                 "1",

@@ -33,8 +33,9 @@ from typing import Any
 
 from megatron_npu.accelerator.facts import PLANNING_FACTS
 from megatron_npu.layout.memory import MemorySettings, RankMemory, predict, settings_from_args
+from megatron_npu.layout.model_spec import ModelSpec
 from megatron_npu.layout.parallel_dims import LayoutError, ParallelDims, divisors
-from megatron_npu.layout.planner import ModelSpec, plan
+from megatron_npu.layout.planner import plan
 
 HEADROOM = 0.10  # of the device's memory, kept free for what the model does not count
 EFFICIENCY = 0.40  # of the device's bf16 peak that the GEMMs reach (assumed MFU-like figure)
@@ -188,7 +189,7 @@ def _estimate(c: Candidate, base: argparse.Namespace, model: ModelSpec, world: i
 
 def _validate(c: Candidate, base_flags: list[str], world: int) -> bool:
     """The trainer's own parser and validation accept the candidate's flags for this world size."""
-    from megatron_npu.layout.plan_cli import parse_trainer_args
+    from megatron_npu.plan.flags import parse_trainer_args
     from megatron_npu.policy import ConfigError
 
     c.flags = base_flags + c.layout_flags()
@@ -212,8 +213,8 @@ def _stage_memory(model: ModelSpec, dims: Any, st: MemorySettings) -> list[RankM
 
 def _communication(c: Candidate, nnodes: int, nproc: int, intra: float, inter: float) -> None:
     """Exposed communication seconds of the slowest stage: the planner's wire bytes per label."""
-    from megatron_npu.layout.plan_cli import specs_from_args
     from megatron_npu.layout.rankmap import build_rank_map
+    from megatron_npu.plan.flags import specs_from_args
 
     model, par = specs_from_args(c._args)  # type: ignore[attr-defined]
     rmap = build_rank_map(
@@ -237,7 +238,7 @@ def search(
 ) -> tuple[list[Candidate], list[Candidate]]:
     """(the fitting candidates the trainer validates, fastest first; every candidate estimated)."""
     from megatron_npu.layout.memory import model_spec_from_args
-    from megatron_npu.layout.plan_cli import parse_trainer_args
+    from megatron_npu.plan.flags import parse_trainer_args
 
     world = nnodes * nproc
     base = parse_trainer_args(base_flags, 1)  # the model's flags, checked once (no layout yet)

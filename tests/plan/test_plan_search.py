@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from megatron_npu.layout import plan_cli, search
+from megatron_npu.plan import cli as plan_cli
+from megatron_npu.plan import search
 from megatron_npu.training.arguments import parse_args
 
 COMMON = (

@@ -1,0 +1,190 @@
+"""The model description the planner, the memory model and the search share: ``ModelSpec`` (a GPT's
+shape, named as Megatron-LM's flags), the bytes per dtype, and a model chunk's parameters in
+megatron-core's ``named_parameters()`` order (local spec).
+
+A library module: it imports nothing above ``megatron_npu.layout`` (tests/test_import_graph.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_npu.layout.model_shape import ModelShape, pad_vocab_size
+from megatron_npu.layout.moe import moe_layer_pattern
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass
+class ModelSpec:
+    """GPT shape, named as Megatron-LM's flags."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    seq_length: int
+    micro_batch_size: int
+    global_batch_size: int
+    vocab_size: int
+    ffn_hidden_size: int | None = None  # None: Megatron-LM's default (4h; SwiGLU: 8h/3 rounded to 64)
+    num_query_groups: int | None = None  # None: no GQA
+    kv_channels: int | None = None  # None: hidden / heads
+    swiglu: bool = False
+    untie_embeddings_and_output_weights: bool = False
+    add_bias_linear: bool = True
+    normalization: str = "LayerNorm"  # or RMSNorm (no bias)
+    position_embedding_type: str = "learned_absolute"  # or rope
+    max_position_embeddings: int | None = None  # None: seq_length
+    make_vocab_size_divisible_by: int = 128
+    params_dtype: str = "bf16"
+    grad_reduce_in_fp32: bool | None = None  # None: Megatron-LM's rule, True for bf16
+    num_experts: int | None = None  # MoE: experts per MoE layer
+    moe_router_topk: int = 2
+    moe_layer_freq: int | list[int] = 1
+    moe_ffn_hidden_size: int | None = None  # None: ffn_hidden_size
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_shared_expert_gate: bool = False
+    moe_token_dispatcher_type: str = "alltoall"  # the EP all-to-all is modelled for alltoall
+    moe_pad_expert_input_to_capacity: bool = False
+    moe_router_load_balancing_type: str | list[str] = "aux_loss"
+    moe_aux_loss_coeff: float | list[float] = 0.0
+    moe_z_loss_coeff: float | None = None
+
+    @classmethod
+    def from_shape(cls, shape: ModelShape, **training: object) -> ModelSpec:
+        """The shape's resolved sizes plus the batch, dtype and architecture fields."""
+        return cls(
+            num_layers=shape.num_layers,
+            hidden_size=shape.hidden_size,
+            num_attention_heads=shape.num_attention_heads,
+            vocab_size=shape.vocab_size,
+            ffn_hidden_size=shape.ffn_hidden_size,
+            num_query_groups=shape.num_query_groups,
+            kv_channels=shape.kv_channels,
+            swiglu=shape.swiglu,
+            make_vocab_size_divisible_by=shape.make_vocab_size_divisible_by,
+            **training,
+        )  # type: ignore[arg-type]
+
+    @property
+    def shape(self) -> ModelShape:
+        """Megatron-LM's defaults applied: the same object the trainer's validation uses."""
+        return ModelShape.build(
+            self.num_layers,
+            self.hidden_size,
+            self.num_attention_heads,
+            ffn_hidden_size=self.ffn_hidden_size,
+            kv_channels=self.kv_channels,
+            num_query_groups=self.num_query_groups,
+            swiglu=self.swiglu,
+            vocab_size=self.vocab_size,
+            make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
+        )
+
+    @property
+    def ffn(self) -> int:
+        return self.shape.ffn_hidden_size
+
+    @property
+    def tied(self) -> bool:
+        return not self.untie_embeddings_and_output_weights
+
+    @property
+    def moe_ffn(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn
+
+    def moe_layers(self, start: int, count: int) -> list[bool]:
+        """Which of layers ``start`` .. ``start + count - 1`` are MoE layers (none without experts)."""
+        if not self.num_experts:
+            return [False] * count
+        return moe_layer_pattern(self.moe_layer_freq, self.num_layers)[start : start + count]
+
+    def tracked_moe_losses(self) -> list[tuple[str, bool]]:
+        """The MoE losses the trainer logs (training/reporting.py's moe_track_names), each with whether
+        megatron-core's router registers a reduce group for it (the balancing losses with a coefficient:
+        TP x CP, then DP) or only the pipeline reduce runs (z-loss; a zero coefficient)."""
+        types = self.moe_router_load_balancing_type
+        types = [types] if isinstance(types, str) else list(types)
+        coeffs = self.moe_aux_loss_coeff if isinstance(self.moe_aux_loss_coeff, list) else [self.moe_aux_loss_coeff]
+        coeff = dict(zip(types, coeffs * len(types) if len(coeffs) == 1 else coeffs, strict=True))
+        names = [
+            (name, coeff[kind] > 0)
+            for kind, name in (("aux_loss", "load_balancing_loss"), ("seq_aux_loss", "seq_load_balancing_loss"))
+            if kind in types
+        ]
+        return names + ([("z_loss", False)] if self.moe_z_loss_coeff is not None else [])
+
+    def padded_vocab(self, tp: int) -> int:
+        return pad_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tp)
+
+    def grad_bytes(self) -> int:
+        fp32 = self.grad_reduce_in_fp32 if self.grad_reduce_in_fp32 is not None else self.params_dtype == "bf16"
+        return 4 if fp32 else DTYPE_BYTES[self.params_dtype]
+
+
+def stage_params(
+    m: ModelSpec,
+    tp: int,
+    layers: int,
+    first: bool,
+    last: bool,
+    pp: int,
+    moe: list[bool] | None = None,
+    experts: tuple[int, int] = (0, 1),
+) -> list[tuple[str, int]]:
+    """(name, numel) of one model chunk's parameters in named_parameters() order (local spec). An MoE
+    layer (``moe``, per layer) has a router, ``experts`` = (local experts, expert TP) and the shared
+    experts; under EP > 1 DDP reduces the experts (``is_expert``) over expert data parallel."""
+    shape = m.shape
+    h, kv, groups = shape.hidden_size, shape.kv_channels, shape.num_query_groups
+    norm = ["weight"] if m.normalization == "RMSNorm" else ["weight", "bias"]
+    bias = m.add_bias_linear
+    qkv_out = (m.num_attention_heads + 2 * groups) * kv // tp
+    fc1_out = shape.fc1_out // tp
+    vocab = m.padded_vocab(tp) // tp  # vocab-parallel rows on this rank
+    out: list[tuple[str, int]] = []
+    if first:
+        out.append(("embedding.word_embeddings.weight", vocab * h))
+        if m.position_embedding_type == "learned_absolute":
+            out.append(("embedding.position_embeddings.weight", (m.max_position_embeddings or m.seq_length) * h))
+    for i in range(layers):
+        p = f"decoder.layers.{i}."
+        out += [(p + "input_layernorm." + n, h) for n in norm]
+        out.append((p + "self_attention.linear_proj.weight", h * m.num_attention_heads * kv // tp))
+        out += [(p + "self_attention.linear_proj.bias", h)] if bias else []
+        out.append((p + "self_attention.linear_qkv.weight", qkv_out * h))
+        out += [(p + "self_attention.linear_qkv.bias", qkv_out)] if bias else []
+        out += [(p + "pre_mlp_layernorm." + n, h) for n in norm]
+        if moe and moe[i]:
+            out += moe_params(m, tp, p + "mlp.", *experts)
+            continue
+        out.append((p + "mlp.linear_fc1.weight", fc1_out * h))
+        out += [(p + "mlp.linear_fc1.bias", fc1_out)] if bias else []
+        out.append((p + "mlp.linear_fc2.weight", h * shape.ffn_hidden_size // tp))
+        out += [(p + "mlp.linear_fc2.bias", h)] if bias else []
+    if last:
+        out += [("decoder.final_layernorm." + n, h) for n in norm]
+        if not m.tied or not first:  # tied on one stage: the output layer reuses the embedding
+            out.append(("output_layer.weight", vocab * h))
+    return out
+
+
+def moe_params(m: ModelSpec, tp: int, prefix: str, local_experts: int, etp: int) -> list[tuple[str, int]]:
+    """An MoE layer's parameters: the router (replicated), the local experts (SequentialMLP, no bias)
+    and the shared experts."""
+    h, ffn = m.hidden_size, m.moe_ffn
+    out = [(prefix + "router.weight", (m.num_experts or 0) * h)]
+    for e in range(local_experts):
+        p = f"{prefix}experts.local_experts.{e}."
+        out.append((p + "linear_fc1.weight", ffn * (2 if m.swiglu else 1) // etp * h))
+        out.append((p + "linear_fc2.weight", h * ffn // etp))
+    shared = m.moe_shared_expert_intermediate_size
+    if shared:
+        out.append((prefix + "shared_experts.linear_fc1.weight", shared * (2 if m.swiglu else 1) // tp * h))
+        out.append((prefix + "shared_experts.linear_fc2.weight", h * shared // tp))
+        out += [(prefix + "shared_experts.gate_weight", h)] if m.moe_shared_expert_gate else []
+    return out
+
+
+def is_expert(name: str) -> bool:
+    return ".mlp.experts." in name
