@@ -34,6 +34,7 @@ from ..policy import (
 )
 from .fsdp_args import add_fsdp_args
 from .moe_args import add_moe_args
+from .sections import ModelSection, add_section_arguments
 from .settings import Settings
 from .validation import validate_args
 
@@ -66,90 +67,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_network_size_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(title="network size")
-    g.add_argument("--num-layers", type=int, default=None, help="Number of transformer layers.")
-    g.add_argument("--hidden-size", type=int, default=None, help="Transformer hidden size.")
-    g.add_argument(
-        "--ffn-hidden-size",
-        type=int,
-        default=None,
-        help="Feed-forward hidden size; 4*hidden-size (int(8*h/3/64)*64 with --swiglu) if not given.",
-    )
-    g.add_argument("--num-attention-heads", type=int, default=None, help="Number of attention heads.")
-    g.add_argument(
-        "--attention-backend",
-        type=str,
-        default="auto",
-        choices=["flash", "fused", "unfused", "local", "auto"],
-        help="Attention backend (accepted; the device picks the kernel).",
-    )
-    g.add_argument(
-        "--kv-channels",
-        type=int,
-        default=None,
-        help="Projection size per head; hidden-size // num-attention-heads if not given.",
-    )
-    g.add_argument("--group-query-attention", action="store_true", help="Use group-query attention.")
-    g.add_argument("--num-query-groups", type=int, default=1)
-    g.add_argument(
-        "--max-position-embeddings",
-        type=int,
-        default=None,
-        help="Size of the position embedding; --seq-length if not given.",
-    )
-    g.add_argument(
-        "--position-embedding-type",
-        type=str,
-        default="learned_absolute",
-        choices=["learned_absolute", "rope", "none"],
-        help="Position embedding type.",
-    )
-    g.add_argument(
-        "--use-rotary-position-embeddings", action="store_true", help="Deprecated: use --position-embedding-type rope."
-    )
-    g.add_argument("--rotary-base", type=int, default=10000, help="Base of rotary embeddings.")
-    g.add_argument("--rotary-percent", type=float, default=1.0, help="Percent of rotary dimension to use.")
-    g.add_argument("--rotary-interleaved", action="store_true", help="Use interleaved rotary embedding.")
-    g.add_argument(
-        "--rotary-seq-len-interpolation-factor",
-        type=int,
-        default=None,
-        help="Sequence length interpolation factor for rotary embeddings.",
-    )
-    g.add_argument("--use-rope-scaling", action="store_true", help="Apply rope scaling as used in llama3.x.")
-    g.add_argument("--rope-scaling-factor", type=float, default=8.0, help="Rope scaling factor (llama3.x).")
-    g.add_argument(
-        "--no-position-embedding",
-        action="store_false",
-        dest="add_position_embedding",
-        help="Deprecated: use --position-embedding-type.",
-    )
-    g.add_argument(
-        "--make-vocab-size-divisible-by",
-        type=int,
-        default=128,
-        help="Pad the vocab size to be divisible by this value.",
-    )
-    g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
-    g.add_argument("--norm-epsilon", type=float, default=1e-5, help="Epsilon for layer norm and RMS norm.")
-    g.add_argument("--apply-layernorm-1p", action="store_true", help="Zero-centered LayerNorm weights.")
-    g.add_argument(
-        "--apply-residual-connection-post-layernorm",
-        action="store_true",
-        help="Use original BERT residual connection ordering.",
-    )
-    g.add_argument("--openai-gelu", action="store_true", help="Use OpenAI's GeLU implementation.")
-    g.add_argument("--squared-relu", action="store_true", help="Use squared relu instead of gelu.")
-    g.add_argument("--swiglu", action="store_true", help="Use gated linear units and SiLU.")
-    g.add_argument(
-        "--untie-embeddings-and-output-weights", action="store_true", help="Untie embeddings and output weights."
-    )
+    add_section_arguments(p, ModelSection, "network size")
 
 
 def _add_regularization_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(title="regularization")
-    g.add_argument("--attention-dropout", type=float, default=0.1, help="Post attention dropout probability.")
-    g.add_argument("--hidden-dropout", type=float, default=0.1, help="Dropout probability for hidden state.")
     g.add_argument("--weight-decay", type=float, default=0.01, help="Weight decay coefficient.")
     g.add_argument("--start-weight-decay", type=float, help="Initial weight decay coefficient.")
     g.add_argument("--end-weight-decay", type=float, help="End of run weight decay coefficient.")
@@ -260,12 +182,6 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--cross-entropy-loss-fusion", action="store_true", dest="cross_entropy_loss_fusion")
     g.add_argument("--use-flash-attn", action="store_true", help="Use a flash attention kernel.")
-    g.add_argument(
-        "--disable-bias-linear", action="store_false", dest="add_bias_linear", help="Disable bias in the linear layers."
-    )
-    g.add_argument(
-        "--add-qkv-bias", action="store_true", dest="add_qkv_bias", help="Enable bias only in the QKV linear layers."
-    )
     g.add_argument("--optimizer", type=str, default="adam", choices=["adam", "sgd"])
     g.add_argument("--dataloader-type", type=str, default=None, choices=["single", "cyclic", "external"])
     g.add_argument(
@@ -293,14 +209,6 @@ def _add_initialization_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(title="initialization")
     g.add_argument("--seed", type=int, default=1234, help="Random seed.")
     g.add_argument("--data-parallel-random-init", action="store_true")
-    g.add_argument("--init-method-std", type=float, default=0.02)
-    g.add_argument(
-        "--embedding-init-method-std",
-        type=float,
-        default=None,
-        help="Std of the embedding's initialisation (default: --init-method-std).",
-    )
-    g.add_argument("--init-method-xavier-uniform", action="store_true")
 
 
 def _add_learning_rate_args(p: argparse.ArgumentParser) -> None:
@@ -556,7 +464,6 @@ def _add_logging_args(p: argparse.ArgumentParser) -> None:
 
 def _add_misc_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(title="vision / experimental (GPT-relevant subset)")
-    g.add_argument("--qk-layernorm", action="store_true", help="Layer-normalize q and k.")
     g.add_argument(
         "--yaml-cfg",
         type=str,

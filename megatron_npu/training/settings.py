@@ -6,7 +6,8 @@ Megatron-LM-style code reads ``args.<dest>`` unchanged), frozen before the first
 exists, and every value that changes during the run lives in ``RunState`` (run_state.py). The
 layout and the model's shape are typed members owning their rules: ``settings.parallel``
 (``ParallelDims``: degrees, micro-batches, interleaving) and ``settings.model_shape``
-(``ModelShape``).
+(``ModelShape``); the flags themselves are typed, frozen sections (``sections/``) that components
+take instead of the namespace: ``settings.model`` (``ModelSection``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..layout.model_shape import ModelShape
     from ..layout.parallel_dims import ParallelDims
+    from .sections import ModelSection
 
 
 class FrozenSettingsError(AttributeError):
@@ -28,6 +30,7 @@ class Settings(argparse.Namespace):
 
     parallel: ParallelDims
     model_shape: ModelShape
+    model: ModelSection
 
     def freeze(self) -> Settings:
         object.__setattr__(self, "_frozen", True)
@@ -65,4 +68,5 @@ class Settings(argparse.Namespace):
 
 
 # Not flags: the lock, and the typed members (derived from the flags, rebuilt from them on load).
-_NOT_FLAGS = frozenset({"_frozen", "parallel", "model_shape"})
+SECTIONS = ("model",)
+_NOT_FLAGS = frozenset({"_frozen", "parallel", "model_shape", *SECTIONS})

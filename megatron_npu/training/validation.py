@@ -19,6 +19,7 @@ from ..policy import TOKENIZER_TYPES, ConfigError
 from .data_checks import check_indexed_dataset
 from .fsdp_args import check_fsdp_args
 from .moe_args import check_moe_args
+from .sections.model import REQUIRED_POSITIVE, ModelSection, check_required_positive
 
 T = TypeVar("T")
 
@@ -120,7 +121,13 @@ def validate_args(
     _check_layout(args, world_size, shape)
     if check_paths:
         _check_paths(args)
+    _build_sections(args)
     return args
+
+
+def _build_sections(args: argparse.Namespace) -> None:
+    """The typed sections, from the validated values (each section checks its own invariants)."""
+    args.model = ModelSection.from_values(args)
 
 
 def _check_unsupported(args: argparse.Namespace) -> None:
@@ -167,14 +174,8 @@ def _derive_constants(args: argparse.Namespace, world_size: int) -> None:
 
 
 def _check_model_size(args: argparse.Namespace) -> None:
-    """Required model/batch arguments, positive."""
-    for dest in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size"):
-        if getattr(args, dest) is None:
-            raise ConfigError(f"--{dest.replace('_', '-')} is required")
-    # the parallel degrees are checked with the layout (ParallelDims)
-    for dest in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size"):
-        if getattr(args, dest) <= 0:
-            raise ConfigError(f"--{dest.replace('_', '-')} must be positive, got {getattr(args, dest)}")
+    """Required model/batch arguments, positive (the parallel degrees are checked with the layout)."""
+    check_required_positive(args, (*REQUIRED_POSITIVE, "seq_length", "micro_batch_size"))
     args.encoder_num_layers = args.num_layers
     args.encoder_seq_length = args.seq_length
 

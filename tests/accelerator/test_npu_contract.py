@@ -6,9 +6,6 @@ scanning our own source, so a newly used symbol is checked automatically.
 """
 
 import ast
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -17,37 +14,12 @@ import pytest
 from megatron_npu.accelerator.facts import TESTED_TORCH_NPU
 
 ROOT = Path(__file__).resolve().parents[2]
-WHEEL_SPEC = f"torch_npu=={TESTED_TORCH_NPU}"
-WHEEL_GLOB = f"torch_npu-{TESTED_TORCH_NPU}-*.whl"
-CACHE = Path(os.environ.get("MEGATRON_NPU_WHEEL_CACHE", Path.home() / ".cache" / "megatron-npu" / "wheels"))
 
 
 @pytest.fixture(scope="module")
-def wheel() -> zipfile.ZipFile:
-    found = sorted(CACHE.glob(WHEEL_GLOB))
-    if not found:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            WHEEL_SPEC,
-            "--python-version",
-            "3.11",
-            "--platform",
-            "manylinux_2_28_x86_64",
-            "--only-binary=:all:",
-            "-d",
-            str(CACHE),
-            "-q",
-        ]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-        found = sorted(CACHE.glob(WHEEL_GLOB))
-        if not found:
-            pytest.skip(f"could not download {WHEEL_SPEC}: {done.stderr.strip()[-300:]}")
-    return zipfile.ZipFile(found[0])
+def wheel(torch_npu_wheel: zipfile.ZipFile) -> zipfile.ZipFile:
+    """The wheel, fetched by the suite's set-up step (tests/torch_npu_wheel.py, tests/conftest.py)."""
+    return torch_npu_wheel
 
 
 def module_names(wheel: zipfile.ZipFile, path: str) -> set[str]:

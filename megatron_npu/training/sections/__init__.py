@@ -1,0 +1,11 @@
+"""The run's settings as frozen, typed sections, one per concern; the parser is generated from them.
+
+Each section is a dataclass whose fields are Megatron-LM core_v0.16.1 flags (name = dest, default,
+type, a doc string per field: base.py). ``Settings`` (settings.py) holds the built sections beside
+Megatron-LM's flat ``args.<dest>`` view; components take their own section, not the namespace.
+"""
+
+from .base import EXTENSION, Section, add_section_arguments, field_docs, flag_fields
+from .model import ModelSection
+
+__all__ = ["EXTENSION", "ModelSection", "Section", "add_section_arguments", "field_docs", "flag_fields"]
