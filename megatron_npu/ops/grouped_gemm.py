@@ -8,6 +8,10 @@ are SequentialMLP's; only the forward changes: fc1 of every local expert in one
 ``grouped_matmul``, the activation once over all rows, fc2 in one more. The grouped GEMM is the
 accelerator's ``fused_kernel("grouped_matmul")`` (torch_npu's grouped matmul on npu) or, where the
 device has none, the same math per expert, which is megatron-core's sequential path.
+
+``gmm`` is the same grouped GEMM with the ``grouped_gemm`` package's signature (``ops.gmm``), which
+megatron-core 0.12-0.16's legacy GroupedMLP calls; megatron_npu/patches/grouped_gemm.py hands it to
+megatron-core where that package (CUDA kernels) is not installed.
 """
 
 from __future__ import annotations
@@ -30,6 +34,14 @@ def grouped_matmul(x: torch.Tensor, weights: Sequence[torch.Tensor], tokens_per_
     # megatron-core's expert linear layers: torch.matmul(input, weight.t()) each
     parts = torch.split(x, tokens_per_expert)
     return torch.cat([torch.matmul(part, weight.t()) for part, weight in zip(parts, weights, strict=True)])
+
+
+def gmm(a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor, trans_b: bool = False) -> torch.Tensor:
+    """``grouped_gemm.ops.gmm``: ``a``'s rows in groups of ``batch_sizes``, group i times ``b[i]``
+    (``[experts, k, n]``; ``[experts, n, k]`` transposed under ``trans_b``): ``[tokens, k] -> [tokens, n]``."""
+    per_expert = b.unbind(0)
+    weights = per_expert if trans_b else [weight.t() for weight in per_expert]  # grouped_matmul takes [out, in]
+    return grouped_matmul(a, weights, [int(n) for n in batch_sizes.tolist()])
 
 
 class GroupedSequentialMLP(SequentialMLP):

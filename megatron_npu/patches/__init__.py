@@ -7,11 +7,15 @@ target no patch applies: megatron-core runs as upstream.
 
 from . import (  # noqa: F401  (importing registers the patches)
     adam_step,
+    attention,
     context_parallel,
     device_arguments,
     distributed,
+    embeddings,
     fsdp,
     fused_ops,
+    grouped_gemm,
+    mappings,
     megatron_core_fixes,
     megatron_training,
     moe,

@@ -18,6 +18,7 @@ torch.compile'd jit fusions, nsys profiling), which become what works, one warni
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -25,12 +26,13 @@ import inspect
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from megatron_npu.accelerator.base import Accelerator, UnsupportedBackend
+from megatron_npu.patches.grouped_gemm import serves_grouped_gemm
 from megatron_npu.policy import DEVICE_REFUSED
 from megatron_npu.registry import register
 from megatron_npu.start_errors import report_start_error
@@ -342,12 +344,36 @@ def _rope_fusion_unavailable(args: argparse.Namespace, accelerator: Accelerator)
     reason="defaults that cannot apply off CUDA become what works (transformer_engine -> local, nccl -> the "
     "device's backend, jit fusions off, RoPE fusion off without a kernel, nsys -> torch profiler), one warning "
     "each; device-impossible flags (fp8, TE, CUDA graphs, TP comm overlap) stop every rank with one line; the "
-    "Megatron-LM version is checked",
+    "Megatron-LM version is checked; --moe-grouped-gemm's CUDA-arch assertion passes where the project's grouped "
+    "GEMM serves megatron-core (patches/grouped_gemm.py)",
 )
 def _validate_args(original: Callable[..., Any], accelerator: Accelerator) -> Callable[..., Any]:
     @functools.wraps(original)
     def validate_args(args: argparse.Namespace, defaults: dict | None = None) -> Any:
         adapt_args(args, sys.argv[1:], accelerator)
-        return original(args, {} if defaults is None else defaults)
+        with _grouped_gemm_capability(args):
+            return original(args, {} if defaults is None else defaults)
 
     return validate_args
+
+
+#: The CUDA arch the grouped_gemm package's kernels need (validate_args: "Unsupported compute capability for
+#: GroupedGEMM kernels" below it).
+GROUPED_GEMM_CUDA_ARCH = (8, 0)
+
+
+@contextlib.contextmanager
+def _grouped_gemm_capability(args: argparse.Namespace) -> Iterator[None]:
+    """--moe-grouped-gemm: validate_args asserts ``torch.cuda.get_device_capability()[0] >= 8`` for the grouped_gemm
+    package's CUDA kernels (core_v0.12.1 ... core_v0.19.0, its one capability reader). Where megatron-core's grouped
+    GEMM is the project's (megatron_npu/patches/grouped_gemm.py: the package absent), none of those kernels runs, so
+    for the span of validate_args the question is answered with the arch they need; elsewhere it stands."""
+    if not getattr(args, "moe_grouped_gemm", False) or not serves_grouped_gemm():
+        yield
+        return
+    answer = torch.cuda.get_device_capability
+    torch.cuda.get_device_capability = lambda device=None: GROUPED_GEMM_CUDA_ARCH
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_capability = answer
