@@ -42,8 +42,13 @@ weights at CP2 and CP4, p2p and a2a. FSDP (parameters, gradients and optimizer s
 sharding strategy, fsdp_comm.state_bytes_per_rank, at rest: without Megatron-FSDP's gathered working
 set): within 0.1% of benchmarks/fsdp_memory.py's measured bytes for every strategy at DP 1, 2, 4.
 
-Modelled, not measured: dropout masks (hidden / attention dropout > 0: the tests run without
-dropout), FSDP's gathered units on top of the state, the allocator's fragmentation and workspace, the communication buffers, torch_npu's own reserve (the planner's
+Dropout (hidden, attention, embedding > 0): each dropout saves its mask, ``dropout_mask_bytes`` per
+element: torch's fused kernel (CUDA and out-of-tree devices) a bool mask, 1 byte, the planner's
+assumption; the cpu target's unfused dropout the scaled noise in the activations' dtype; the trainer's
+``--memory-report`` measures the device's own (training/memory_report.py). Checked with dropout 0.1 on
+the MoE layouts of issue 35 (at capacity, tokens dropped by probability: the model had left out the
+float masks and the embedding's dropout, -9% per rank, -11% under full recompute; after: within 5%).
+Modelled, not measured: FSDP's gathered units on top of the state, the allocator's fragmentation and workspace, the communication buffers, torch_npu's own reserve (the planner's
 headroom covers them). Bytes are exact counts of what megatron-core allocates; the device's
 caching allocator rounds each block up (512 B on NPU / CUDA) and holds freed blocks.
 """
@@ -82,6 +87,7 @@ class MemorySettings:
     fused_attention: bool = False  # --use-flash-attn on a device with a fused kernel
     attention_dropout: float = 0.1
     hidden_dropout: float = 0.1
+    dropout_mask_bytes: float = 1.0  # per element: a fused kernel's bool mask (the cpu target: the dtype's)
     fp16_lm_cross_entropy: bool = False
     attention_softmax_in_fp32: bool = False
     fused_rms_norm: bool = False  # the device's fused RMSNorm (input + fp32 rstd) instead of the torch twin
@@ -263,10 +269,10 @@ def _attention(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: in
         if st.attention_softmax_in_fp32 and act != 4:
             out["core_attn"] += scores * 4  # the fp32 softmax output besides the probabilities cast back
         if st.attention_dropout > 0:
-            out["core_attn"] += scores * (1 + act)  # dropout mask and output
+            out["core_attn"] += int(scores * (st.dropout_mask_bytes + act))  # dropout mask and output
     out["proj_in"] = tokens * q * act
     if st.hidden_dropout > 0:
-        out["dropout"] = 2 * shard * model.hidden_size  # two bias-dropout-add masks (bool)
+        out["dropout"] = int(2 * shard * model.hidden_size * st.dropout_mask_bytes)  # two bias-dropout-add masks
     return out
 
 
@@ -314,12 +320,16 @@ def _moe(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: int, cap
     return out
 
 
-def _embedding(model: ModelSpec, dims: ParallelDims) -> int:
-    """Token ids (int64; under TP the masked ids and the out-of-range mask) and position ids."""
+def _embedding(model: ModelSpec, st: MemorySettings, dims: ParallelDims) -> int:
+    """Token ids (int64; under TP the masked ids and the out-of-range mask), position ids, and the
+    embedding dropout's mask (on the sequence shard under SP)."""
     tokens = model.seq_length // dims.cp * model.micro_batch_size
     out = tokens * 8 + (tokens if dims.tp > 1 else 0)
     if model.position_embedding_type == "learned_absolute":
         out += tokens * 8
+    if st.hidden_dropout > 0:
+        shard = tokens // (dims.tp if st.sequence_parallel and dims.tp > 1 else 1)
+        out += int(shard * model.hidden_size * st.dropout_mask_bytes)
     return out
 
 
@@ -360,7 +370,7 @@ def _chunk_activations(
     attn = sum(attn_parts.values())
     dense, moe_layer = sum(_mlp(model, st, dims, act).values()), sum(_moe(model, st, dims, act, capacity).values())
     layers = [attn + (moe_layer if m else dense) for m in moe]
-    embedding = _embedding(model, dims) if first else 0
+    embedding = _embedding(model, st, dims) if first else 0
     output = _output(model, st, dims, act) if last else 0
     tp_sp = dims.tp if st.sequence_parallel and dims.tp > 1 else 1
     unit_input = model.seq_length // dims.cp * model.micro_batch_size // tp_sp * model.hidden_size * act
@@ -525,11 +535,17 @@ def settings_from_args(args: Any) -> MemorySettings:
     )
 
 
-def predict_from_args(args: Any, rank: int, world_size: int | None = None) -> RankMemory:
-    """``predict`` for the rank of a run given by its settings (world size from the settings)."""
+def predict_from_args(
+    args: Any, rank: int, world_size: int | None = None, dropout_mask_bytes: float | None = None
+) -> RankMemory:
+    """``predict`` for the rank of a run given by its settings (world size from the settings);
+    ``dropout_mask_bytes``: what the device's dropout saves per element, where measured."""
     world = world_size or int(arg_value(args, "world_size"))
     dims = ParallelDims.from_args(args, world)
-    return predict(model_spec_from_args(args), dims, settings_from_args(args), rank)
+    settings = settings_from_args(args)
+    if dropout_mask_bytes is not None:
+        settings = replace(settings, dropout_mask_bytes=dropout_mask_bytes)
+    return predict(model_spec_from_args(args), dims, settings, rank)
 
 
 def predict_all(model: ModelSpec, dims: ParallelDims, st: MemorySettings) -> list[RankMemory]:

@@ -189,6 +189,18 @@ def measure_step(
     return result, report
 
 
+def dropout_mask_bytes(dtype: torch.dtype, device: torch.device | str) -> float:
+    """Bytes per element the device's dropout saves for backward: a fused kernel's mask (bool, or
+    bit-packed), or torch's unfused path's scaled noise in the input's dtype (the cpu target).
+    Measured on a small tensor, since which path runs is torch's and the device library's choice."""
+    x = torch.ones(4096, dtype=dtype, device=device, requires_grad=True)
+    tracker = SavedTensorTracker(exclude=[x])
+    with tracker.active():
+        y = torch.nn.functional.dropout(x, p=0.5, training=True)
+    del y
+    return tracker.peak / x.numel()
+
+
 def reported_step(step: Any, iterators: list, args: Any) -> Any:
     """``step(iterators)`` (a TrainStep); with ``--memory-report`` the first step this process runs is
     measured and ``LOG_DIR/memory/rankNNNNN.json`` written, with the memory model's prediction for
@@ -212,7 +224,9 @@ def reported_step(step: Any, iterators: list, args: Any) -> Any:
     step._memory_reported = True
     rank = dist.get_rank()
     try:
-        report["predicted"] = predict_from_args(args, rank, dist.get_world_size()).to_json()
+        param = next(step.model[0].parameters())
+        mask = dropout_mask_bytes(param.dtype, param.device)
+        report["predicted"] = predict_from_args(args, rank, dist.get_world_size(), mask).to_json()
     except ValueError as error:  # a layout the model does not cover: the measurement stands alone
         report["predicted_error"] = str(error)
     report["rank"] = rank

@@ -1,6 +1,6 @@
 """The per-rank memory model (megatron_npu/layout/memory.py) against the bytes real megatron-core steps hold.
 
-One torchrun job of 4 ranks runs 13 layouts of a small GPT and a small MoE through the trainer's own
+One torchrun job of 4 ranks runs 16 layouts of a small GPT and a small MoE through the trainer's own
 builders, measured by megatron_npu.training.memory_report (what --memory-report writes): parameters,
 main_grad buffers and optimizer state must equal the prediction per rank, and the saved-for-backward
 bytes at the schedule's peak be within 5% of it (dropless MoE: the prediction is an upper bound).
@@ -31,6 +31,8 @@ EXACT_LAYOUTS = (
     "moe_ep2_distopt_bf16",
     "moe_tp2_ep2_sp",
     "moe_pp2_ep2",
+    "moe_ep2_dp2_capacity_probs",  # issue 35: -9% per rank before the dropout masks were counted
+    "moe_ep2_dp2_capacity_probs_full",  # -11%
 )
 UPPER_BOUND_LAYOUTS = ("moe_ep2_dp2_dropless",)  # dropless routing: the model gives the most a rank can get
 TOLERANCE = 0.05
