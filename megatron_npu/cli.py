@@ -13,6 +13,7 @@ torch unless their own work needs it.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import megatron_npu
@@ -41,10 +42,23 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: Exit status of a command given bad flags or bad input (argparse's own), with one line on stderr.
+USAGE_ERROR = 2
+
+
+def error(command: str, message: str) -> int:
+    """Print the one error line every command uses, ``megatron-npu COMMAND: error: MESSAGE``; return 2.
+
+    argparse writes the same form for a bad flag when the parser's prog is ``megatron-npu COMMAND``."""
+    print(f"megatron-npu {command}: error: {message}", file=sys.stderr)
+    return USAGE_ERROR
+
+
 def _usage() -> str:
     width = max(len(name) for name in SUBCOMMANDS)
-    lines = ["usage: megatron-npu COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: megatron-npu [--version] COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name.ljust(width)}  {summary}" for name, (_, summary) in SUBCOMMANDS.items()]
+    lines += ["", "megatron-npu COMMAND --help: its flags. Errors exit 2; see docs/cli.md for each command's codes."]
     return "\n".join(lines)
 
 
@@ -53,10 +67,16 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
+    if argv[0] in ("-V", "--version"):
+        from megatron_npu.version import __version__
+
+        print(f"megatron-npu {__version__}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(f"megatron-npu: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
+        print(_usage(), file=sys.stderr)
+        print(f"megatron-npu: error: unknown command {name!r}", file=sys.stderr)
+        return USAGE_ERROR
     if name in PATCHED:
         megatron_npu.quiet_expected_fallbacks()
         if megatron_npu.autopatch_enabled():
@@ -66,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(SUBCOMMANDS[name][0])
     if name == "patches":
         rest = ["--patches", *rest]
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except BrokenPipeError:  # the reader stopped early (`| head`): not an error of the command
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 0
 
 
 if __name__ == "__main__":

@@ -45,8 +45,6 @@ MODEL_FLAGS = [
     "3e-4",
     "--lr-decay-style",
     "cosine",
-    "--lr-warmup-iters",
-    "10",
     "--weight-decay",
     "0.1",
     "--clip-grad",
@@ -74,6 +72,9 @@ MODEL_FLAGS = [
 ]
 
 
+WARMUP_ITERS = 10
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -92,6 +93,8 @@ def build_command(args: argparse.Namespace, data_prefix: str, tokenizer_model: s
         *MODEL_FLAGS,
         "--train-iters",
         str(args.iters),
+        "--lr-warmup-iters",  # megatron-core's scheduler needs warmup < decay (decay = the run's iterations)
+        str(min(WARMUP_ITERS, args.iters // 2)),
         "--tensor-model-parallel-size",
         str(args.tp),
         "--pipeline-model-parallel-size",
@@ -111,12 +114,19 @@ def build_command(args: argparse.Namespace, data_prefix: str, tokenizer_model: s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="megatron-npu demo", description=__doc__)
-    parser.add_argument("--iters", type=int, default=100)
-    parser.add_argument("--tp", type=int, default=2)
-    parser.add_argument("--pp", type=int, default=2)
-    parser.add_argument("--nproc", type=int, default=4)
+    parser.add_argument("--iters", type=int, default=100, help="training iterations (default: %(default)s)")
+    parser.add_argument("--tp", type=int, default=2, help="tensor-parallel size (default: %(default)s)")
+    parser.add_argument("--pp", type=int, default=2, help="pipeline-parallel size (default: %(default)s)")
+    parser.add_argument(
+        "--nproc", type=int, default=4, help="ranks on this machine, a multiple of TP x PP (default: %(default)s)"
+    )
     parser.add_argument("--output-dir", default="megatron-npu-demo", help="data, checkpoints and logs go here")
     args = parser.parse_args(argv)
+    for flag in ("iters", "tp", "pp", "nproc"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be >= 1")
+    if args.nproc % (args.tp * args.pp):
+        parser.error(f"--nproc {args.nproc} is not a multiple of --tp x --pp = {args.tp * args.pp}")
     if not PRETRAIN.exists():
         parser.error(f"{PRETRAIN} is missing: the demo runs from a source checkout (pip install -e .)")
     from megatron_npu.data import DEMO_TOKENIZER_MODEL, ensure_demo_dataset
