@@ -18,7 +18,11 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from .lifetime import bind_to_launcher
 from .version import __version__, check_megatron_core
+
+# First, before anything that can take long: a rank (and whatever it starts) dies with its launcher
+bind_to_launcher()
 
 if TYPE_CHECKING:
     from .accelerator import get_accelerator
