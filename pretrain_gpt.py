@@ -18,11 +18,12 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.enums import ModelType
 from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer.multi_token_prediction import mtp_on_this_rank
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.compat import get_batch_on_this_cp_rank  # megatron-core's, on every release
 from megatron_npu.compat.core import call_with_vp_stage
-from megatron_npu.spec import gpt_layer_spec
+from megatron_npu.spec import gpt_layer_spec, mtp_block_spec
 from megatron_npu.training import get_args, get_timers, get_tokenizer, print_rank_0
 from megatron_npu.training.config import transformer_config
 from megatron_npu.training.data import build_datasets
@@ -33,10 +34,12 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     """Build one GPT model chunk (the whole model without pipeline parallelism)."""
     args = get_args()
     print_rank_0("building GPT model ...")
+    config = transformer_config(args)
     return call_with_vp_stage(  # GPTModel takes vp_stage from megatron-core 0.13
         GPTModel,
-        config=transformer_config(args),
+        config=config,
         transformer_layer_spec=gpt_layer_spec(args, vp_stage),
+        mtp_block_spec=mtp_block_spec(args, config, vp_stage),
         vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings,
         pre_process=pre_process,
@@ -77,9 +80,15 @@ def get_batch(data_iterator):
     )
     tokens, labels, loss_mask = local["tokens"], local["labels"], local["loss_mask"]
     attention_mask, position_ids = local["attention_mask"], local["position_ids"]
-    if not parallel_state.is_pipeline_first_stage():
-        tokens = position_ids = None  # a last-stage chunk needs labels and the mask only
+    if not parallel_state.is_pipeline_first_stage() and not _mtp_here():
+        tokens = position_ids = None  # a last-stage chunk needs labels and the mask (MTP: the tokens too)
     return tokens, labels, loss_mask, attention_mask, position_ids
+
+
+def _mtp_here() -> bool:
+    """Multi-token prediction embeds the shifted tokens on the chunk that holds its layers."""
+    args = get_args()
+    return bool(args.mtp_num_layers) and mtp_on_this_rank(transformer_config(args), ignore_virtual=True)
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -101,7 +110,8 @@ def forward_step(data_iterator, model: GPTModel):
     timers("batch-generator", log_level=2).start()
     tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
     timers("batch-generator").stop()
-    output_tensor = model(tokens, position_ids, attention_mask, labels=labels)
+    # loss_mask: multi-token prediction masks its own losses with it (as Megatron-LM passes it)
+    output_tensor = model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
     return output_tensor, partial(loss_func, loss_mask)
 
 

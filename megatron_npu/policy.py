@@ -147,7 +147,6 @@ _MOE = "this MoE option is not supported by this trainer"
 _DEEPEP = "the flex dispatcher runs on DeepEP / HybridEP, CUDA-only kernels"
 _FSDP = "hybrid sharding (HSDP) and FSDP buffer registration are not supported by this trainer"
 _FSDP_INSTEAD = "use --use-megatron-fsdp or --use-torch-fsdp2 without it"
-_UNEVEN = "uneven pipeline stages are not supported by this trainer"
 _DROP = "drop the flag"
 _BF16 = "use --bf16"
 _GC = "the trainer keeps Python's default garbage collector"
@@ -286,21 +285,6 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
         ("1",),
     ),
     _refused("--use-legacy-models", "legacy (non-megatron-core) models are gone; megatron-core models are always used"),
-    _refused("--multi-latent-attention", "multi-latent attention is not supported by this trainer"),
-    _refused("--mtp-num-layers", "multi-token prediction is not supported by this trainer"),
-    _refused(
-        "--decoder-first-pipeline-num-layers", _UNEVEN, "make --num-layers divisible by --pipeline-model-parallel-size"
-    ),
-    _refused(
-        "--decoder-last-pipeline-num-layers", _UNEVEN, "make --num-layers divisible by --pipeline-model-parallel-size"
-    ),
-    _refused(
-        "--pipeline-model-parallel-layout",
-        "custom pipeline layouts are not supported by this trainer",
-        "use --num-layers-per-virtual-pipeline-stage for interleaving",
-    ),
-    _refused("--account-for-embedding-in-pipeline-split", _UNEVEN),
-    _refused("--account-for-loss-in-pipeline-split", _UNEVEN),
     _refused(
         "--overlap-param-gather-with-optimizer-step",
         "Megatron-LM does not support it with distributed checkpointing (always on here)",
@@ -389,18 +373,8 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
         "--mrope-section",
     ),
     *_elsewhere("supervised fine-tuning", "--sft", "--sft-tokenizer-prompt-format"),
-    *_lacking(
-        "multi-latent attention is not supported by this trainer",
-        "--q-lora-rank",
-        "--kv-lora-rank",
-        "--qk-head-dim",
-        "--qk-pos-emb-head-dim",
-        "--v-head-dim",
-        "--mscale",
-        "--mscale-all-dim",
-        "--qk-clip*",
-    ),
-    *_lacking("multi-token prediction is not supported by this trainer", "--mtp-*"),
+    *_lacking("QK-clip needs Transformer Engine >= 2.9 (Megatron-LM asserts it)", "--qk-clip*", device=True),
+    *_lacking("this multi-token prediction option is not supported by this trainer", "--mtp-*"),
     *_lacking("the Muon optimizer is not supported by this trainer", "--muon-*", alternative="use --optimizer adam"),
     *_lacking(
         "optimizer and activation offloading to the host are not supported by this trainer",
@@ -490,15 +464,6 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     ),
     *_lacking(
         "this model option is not supported by this trainer",
-        "--window-size",
-        "--window-attn-skip-freq",
-        "--no-rope-freq",
-        "--rope-type",
-        "--rotary-scaling-factor",
-        "--softmax-type",
-        "--glu-linear-offset",
-        "--activation-func-clamp-value",
-        "--quick-geglu",
         "--qk-l2-norm",
         "--attention-output-gate",
         "--heterogeneous-layers-config-*",

@@ -68,6 +68,7 @@ from megatron_npu.layout.model_shape import ModelShape
 from megatron_npu.layout.model_spec import DTYPE_BYTES, ModelSpec, is_expert, stage_params
 from megatron_npu.layout.parallel_dims import ParallelDims, arg_value
 from megatron_npu.layout.plan_cp_fsdp import fsdp_scheme
+from megatron_npu.layout.stages import chunk_layers
 
 # ---- settings --------------------------------------------------------------------------------
 
@@ -192,17 +193,16 @@ def _rank_buffers(
     """This rank's DDP buffers (one dense and, under EP > 1, one expert buffer per model chunk), its
     chunks' parameter lists and their MoE-layer patterns."""
     pp, vpp = dims.pp, dims.virtual_stages
-    chunk_layers = dims.layers_per_chunk(model.num_layers)
     local_experts = (model.num_experts or 0) // dims.ep
     shared = {"embedding.word_embeddings.weight", "output_layer.weight"} if model.tied and pp > 1 else set()
     buffers, chunks, patterns = [], [], []
-    for c in range(vpp):
+    for c, (start, count) in enumerate(chunk_layers(dims, model.num_layers, rank_coords["pp"])):
         vstage = c * pp + rank_coords["pp"]
-        moe = model.moe_layers(vstage * chunk_layers, chunk_layers)
+        moe = model.moe_layers(start, count)
         params = stage_params(
             model,
             dims.tp,
-            chunk_layers,
+            count,
             vstage == 0,
             vstage == pp * vpp - 1,
             pp,
@@ -244,13 +244,20 @@ def _attention(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: in
     sp = st.sequence_parallel and tp > 1
     tokens, shard = s * b, s * b // (tp if sp else 1)
     heads = shape.num_attention_heads // tp
-    q = heads * shape.kv_channels
+    q = v_out = heads * shape.kv_channels
     kv = shape.num_query_groups // tp * shape.kv_channels if shape.num_query_groups >= tp else shape.kv_channels
     qkv_out = tokens * (q + 2 * kv) * act
     rope = model.position_embedding_type == "rope"
     out = {"norm": _norm(model, st, shard, model.hidden_size, act), "qkv_in": shard * model.hidden_size * act}
+    if model.multi_latent_attention:
+        # MLA: q and k carry qk_head_dim + the RoPE part, v its own head size (core attention below)
+        q, kv = heads * (model.qk_head_dim + model.qk_pos_emb_head_dim), heads * model.v_head_dim
+        v_out = kv
+        out["qkv_out"] = _mla_projections(model, st, tokens, heads, act)
+        qkv_out, rope = 0, False
     # RoPE writes new Q and K (the V view keeps the fused QKV output alive)
-    out["qkv_out"] = qkv_out + (tokens * (q + kv) * act + 2 * s * shape.kv_channels * act if rope else 0)
+    if not model.multi_latent_attention:
+        out["qkv_out"] = qkv_out + (tokens * (q + kv) * act + 2 * s * shape.kv_channels * act if rope else 0)
     selective = st.recompute_granularity == "selective" and "core_attn" in st.recompute_modules
     if dims.cp > 1 and not selective:
         # the CP attention (ops/context_parallel.py) saves its own contiguous q, k, v (after an all-to-all
@@ -260,7 +267,7 @@ def _attention(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: in
         out["qkv_out"] = 4 * s * shape.kv_channels * act if rope else 0
         out["core_attn"] = tokens * (2 * q + 2 * kv) * act + 2 * b * heads * s * 4
     elif st.fused_attention:
-        out["core_attn"] = tokens * q * act + b * heads * s * 4  # output and fp32 log-sum-exp
+        out["core_attn"] = tokens * v_out * act + b * heads * s * 4  # output and fp32 log-sum-exp
     elif selective:
         out["core_attn"] = 0  # recomputed from Q, K, V in backward
     else:
@@ -270,10 +277,28 @@ def _attention(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: in
             out["core_attn"] += scores * 4  # the fp32 softmax output besides the probabilities cast back
         if st.attention_dropout > 0:
             out["core_attn"] += int(scores * (st.dropout_mask_bytes + act))  # dropout mask and output
-    out["proj_in"] = tokens * q * act
+    out["proj_in"] = tokens * v_out * act
     if st.hidden_dropout > 0:
         out["dropout"] = int(2 * shard * model.hidden_size * st.dropout_mask_bytes)  # two bias-dropout-add masks
     return out
+
+
+def _mla_projections(model: ModelSpec, st: MemorySettings, tokens: int, heads: int, act: int) -> int:
+    """MLA's projections (megatron-core's MLASelfAttention, local spec; modelled from its forward, not
+    yet measured): the gathered low-rank outputs and their norms, the up projections' outputs, and the
+    q / k / v it builds with the RoPE part (k's shared across heads)."""
+    q_dim, pos, v_dim = model.qk_head_dim + model.qk_pos_emb_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+    kv_down = tokens * (model.kv_lora_rank + pos) * act
+    kv_norm = _norm(model, st, tokens, model.kv_lora_rank, act) if model.qk_layernorm else 0
+    kv_up = tokens * model.kv_lora_rank * act + tokens * heads * (model.qk_head_dim + v_dim) * act
+    if model.q_lora_rank is None:
+        q_path = tokens * heads * q_dim * act
+    else:
+        q_norm = _norm(model, st, tokens, model.q_lora_rank, act) if model.qk_layernorm else 0
+        q_path = tokens * model.q_lora_rank * act * 2 + q_norm + tokens * heads * q_dim * act
+    rope = 2 * tokens * heads * pos * act  # RoPE's new q and k parts
+    assembled = tokens * heads * (2 * q_dim + v_dim) * act  # the q, k, v core attention receives
+    return kv_down + kv_norm + kv_up + q_path + rope + assembled
 
 
 def _mlp(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: int) -> dict[str, int]:
@@ -365,13 +390,20 @@ def _chunk_activations(
     """(bytes one micro-batch of this chunk saves, the most alive for it during its backward, bytes by
     layer type). Backward runs top down: the output layer's and the upper layers' tensors are freed
     before a lower unit is recomputed."""
-    capacity = getattr(model, "moe_expert_capacity_factor", None)
+    capacity = model.moe_expert_capacity_factor
     attn_parts = _attention(model, st, dims, act)
     attn = sum(attn_parts.values())
     dense, moe_layer = sum(_mlp(model, st, dims, act).values()), sum(_moe(model, st, dims, act, capacity).values())
     layers = [attn + (moe_layer if m else dense) for m in moe]
     embedding = _embedding(model, st, dims) if first else 0
     output = _output(model, st, dims, act) if last else 0
+    if last and model.mtp_num_layers:
+        # each MTP layer (modelled, not yet measured): the embedding's and the hidden state's norms, the
+        # eh_proj input [s, b, 2h], a layer of the decoder's last kind, and an output layer of its own
+        last_layer = attn + (moe_layer if model.moe_layers(model.num_layers - 1, 1)[0] else dense)
+        tokens = model.seq_length // dims.cp * model.micro_batch_size
+        norms = 2 * _norm(model, st, tokens, model.hidden_size, act)
+        output += model.mtp_num_layers * (norms + 2 * tokens * model.hidden_size * act + last_layer + output)
     tp_sp = dims.tp if st.sequence_parallel and dims.tp > 1 else 1
     unit_input = model.seq_length // dims.cp * model.micro_batch_size // tp_sp * model.hidden_size * act
     scores = _attention(model, replace(st, recompute_granularity=None), dims, act)["core_attn"]
@@ -508,10 +540,30 @@ def model_spec_from_args(args: Any) -> ModelSpec:
         moe_layer_freq=arg_value(args, "moe_layer_freq", 1),
         moe_ffn_hidden_size=arg_value(args, "moe_ffn_hidden_size"),
         moe_shared_expert_intermediate_size=arg_value(args, "moe_shared_expert_intermediate_size"),
+        moe_shared_expert_gate=bool(arg_value(args, "moe_shared_expert_gate", False)),
+        moe_expert_capacity_factor=arg_value(args, "moe_expert_capacity_factor"),
+        moe_pad_expert_input_to_capacity=bool(arg_value(args, "moe_pad_expert_input_to_capacity", False)),
+        **_architecture_from_args(args),
     )
     spec.vocab_size = vocab
-    spec.moe_expert_capacity_factor = arg_value(args, "moe_expert_capacity_factor")  # type: ignore[attr-defined]
     return spec
+
+
+def _architecture_from_args(args: Any) -> dict[str, Any]:
+    """MLA, MTP, QK norms and sliding windows, as Megatron-LM's flags name them (its defaults where unset)."""
+    window = arg_value(args, "window_size")
+    return {
+        "qk_layernorm": bool(arg_value(args, "qk_layernorm", False)),
+        "multi_latent_attention": bool(arg_value(args, "multi_latent_attention", False)),
+        "q_lora_rank": arg_value(args, "q_lora_rank"),
+        "kv_lora_rank": int(arg_value(args, "kv_lora_rank", 512) or 512),
+        "qk_head_dim": int(arg_value(args, "qk_head_dim", 128) or 128),
+        "qk_pos_emb_head_dim": int(arg_value(args, "qk_pos_emb_head_dim", 64) or 64),
+        "v_head_dim": int(arg_value(args, "v_head_dim", 128) or 128),
+        "mtp_num_layers": arg_value(args, "mtp_num_layers"),
+        "window_size": tuple(window) if window is not None else None,
+        "window_attn_skip_freq": arg_value(args, "window_attn_skip_freq"),
+    }
 
 
 def settings_from_args(args: Any) -> MemorySettings:

@@ -49,6 +49,17 @@ class ModelSpec:
     moe_router_load_balancing_type: str | list[str] = "aux_loss"
     moe_aux_loss_coeff: float | list[float] = 0.0
     moe_z_loss_coeff: float | None = None
+    moe_expert_capacity_factor: float | None = None  # None: dropless
+    qk_layernorm: bool = False
+    multi_latent_attention: bool = False  # MLA (DeepSeek-V2/V3): the low-rank q / kv projections below
+    q_lora_rank: int | None = None  # None: one q projection
+    kv_lora_rank: int = 512
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+    mtp_num_layers: int | None = None  # multi-token prediction layers, on the last pipeline stage
+    window_size: tuple[int, int] | None = None  # sliding-window attention (left, right); None: full causal
+    window_attn_skip_freq: int | list[int] | None = None  # every N-th layer full attention (gpt-oss's pattern)
 
     @classmethod
     def from_shape(cls, shape: ModelShape, **training: object) -> ModelSpec:
@@ -134,38 +145,82 @@ def stage_params(
 ) -> list[tuple[str, int]]:
     """(name, numel) of one model chunk's parameters in named_parameters() order (local spec). An MoE
     layer (``moe``, per layer) has a router, ``experts`` = (local experts, expert TP) and the shared
-    experts; under EP > 1 DDP reduces the experts (``is_expert``) over expert data parallel."""
-    shape = m.shape
-    h, kv, groups = shape.hidden_size, shape.kv_channels, shape.num_query_groups
-    norm = ["weight"] if m.normalization == "RMSNorm" else ["weight", "bias"]
-    bias = m.add_bias_linear
-    qkv_out = (m.num_attention_heads + 2 * groups) * kv // tp
-    fc1_out = shape.fc1_out // tp
+    experts; under EP > 1 DDP reduces the experts (``is_expert``) over expert data parallel. The last
+    chunk holds the MTP layers (each the decoder's last layer's kind) and, without the first, an
+    embedding of its own for them."""
+    h = m.hidden_size
+    norm = _norm_names(m)
     vocab = m.padded_vocab(tp) // tp  # vocab-parallel rows on this rank
+    mtp = (m.mtp_num_layers or 0) if last else 0
     out: list[tuple[str, int]] = []
-    if first:
+    if first or mtp:
         out.append(("embedding.word_embeddings.weight", vocab * h))
         if m.position_embedding_type == "learned_absolute":
             out.append(("embedding.position_embeddings.weight", (m.max_position_embeddings or m.seq_length) * h))
     for i in range(layers):
-        p = f"decoder.layers.{i}."
-        out += [(p + "input_layernorm." + n, h) for n in norm]
-        out.append((p + "self_attention.linear_proj.weight", h * m.num_attention_heads * kv // tp))
-        out += [(p + "self_attention.linear_proj.bias", h)] if bias else []
-        out.append((p + "self_attention.linear_qkv.weight", qkv_out * h))
-        out += [(p + "self_attention.linear_qkv.bias", qkv_out)] if bias else []
-        out += [(p + "pre_mlp_layernorm." + n, h) for n in norm]
-        if moe and moe[i]:
-            out += moe_params(m, tp, p + "mlp.", *experts)
-            continue
-        out.append((p + "mlp.linear_fc1.weight", fc1_out * h))
-        out += [(p + "mlp.linear_fc1.bias", fc1_out)] if bias else []
-        out.append((p + "mlp.linear_fc2.weight", h * shape.ffn_hidden_size // tp))
-        out += [(p + "mlp.linear_fc2.bias", h)] if bias else []
+        out += layer_params(m, tp, f"decoder.layers.{i}.", bool(moe and moe[i]), experts)
     if last:
         out += [("decoder.final_layernorm." + n, h) for n in norm]
+        last_is_moe = m.moe_layers(m.num_layers - 1, 1)[0]
+        for j in range(mtp):
+            p = f"mtp.layers.{j}."
+            out += [(p + "enorm." + n, h) for n in norm] + [(p + "hnorm." + n, h) for n in norm]
+            out.append((p + "eh_proj.weight", h // tp * 2 * h))  # column parallel, no bias
+            out += layer_params(m, tp, p + "transformer_layer.", last_is_moe, experts)
+            out += [(p + "final_layernorm." + n, h) for n in norm]
         if not m.tied or not first:  # tied on one stage: the output layer reuses the embedding
             out.append(("output_layer.weight", vocab * h))
+    return out
+
+
+def _norm_names(m: ModelSpec) -> list[str]:
+    return ["weight"] if m.normalization == "RMSNorm" else ["weight", "bias"]
+
+
+def layer_params(
+    m: ModelSpec, tp: int, p: str, is_moe: bool, experts: tuple[int, int] = (0, 1)
+) -> list[tuple[str, int]]:
+    """One transformer layer's parameters (prefix ``p``): norms, attention, the MLP or the MoE layer."""
+    shape, h, norm, bias = m.shape, m.hidden_size, _norm_names(m), m.add_bias_linear
+    out = [(p + "input_layernorm." + n, h) for n in norm]
+    out += _attention_params(m, tp, p + "self_attention.")
+    out += [(p + "pre_mlp_layernorm." + n, h) for n in norm]
+    if is_moe:
+        return out + moe_params(m, tp, p + "mlp.", *experts)
+    fc1_out = shape.fc1_out // tp
+    out.append((p + "mlp.linear_fc1.weight", fc1_out * h))
+    out += [(p + "mlp.linear_fc1.bias", fc1_out)] if bias else []
+    out.append((p + "mlp.linear_fc2.weight", h * shape.ffn_hidden_size // tp))
+    out += [(p + "mlp.linear_fc2.bias", h)] if bias else []
+    return out
+
+
+def _attention_params(m: ModelSpec, tp: int, p: str) -> list[tuple[str, int]]:
+    """Self-attention: the output projection first (megatron-core's Attention registers it before the
+    subclass's input projections), then QKV (or MLA's low-rank projections), then the QK norms."""
+    shape, h, norm, bias = m.shape, m.hidden_size, _norm_names(m), m.add_bias_linear
+    heads = m.num_attention_heads
+    if m.multi_latent_attention:
+        q_dim, v_dim = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
+        out = [(p + "linear_proj.weight", h * heads * v_dim // tp)] + ([(p + "linear_proj.bias", h)] if bias else [])
+        if m.q_lora_rank is None:
+            out.append((p + "linear_q_proj.weight", heads * q_dim // tp * h))
+        else:  # the local spec's down projections are column parallel too
+            out.append((p + "linear_q_down_proj.weight", m.q_lora_rank // tp * h))
+            out.append((p + "linear_q_up_proj.weight", heads * q_dim // tp * m.q_lora_rank))
+        out.append((p + "linear_kv_down_proj.weight", (m.kv_lora_rank + m.qk_pos_emb_head_dim) // tp * h))
+        out.append((p + "linear_kv_up_proj.weight", heads * (m.qk_head_dim + v_dim) // tp * m.kv_lora_rank))
+        if m.qk_layernorm:
+            out += [(p + "q_layernorm." + n, m.q_lora_rank) for n in norm] if m.q_lora_rank is not None else []
+            out += [(p + "kv_layernorm." + n, m.kv_lora_rank) for n in norm]
+        return out
+    kv, groups = shape.kv_channels, shape.num_query_groups
+    qkv_out = (heads + 2 * groups) * kv // tp
+    out = [(p + "linear_proj.weight", h * heads * kv // tp)] + ([(p + "linear_proj.bias", h)] if bias else [])
+    out.append((p + "linear_qkv.weight", qkv_out * h))
+    out += [(p + "linear_qkv.bias", qkv_out)] if bias else []
+    if m.qk_layernorm:
+        out += [(p + "q_layernorm." + n, kv) for n in norm] + [(p + "k_layernorm." + n, kv) for n in norm]
     return out
 
 
@@ -179,10 +234,10 @@ def moe_params(m: ModelSpec, tp: int, prefix: str, local_experts: int, etp: int)
         out.append((p + "linear_fc1.weight", ffn * (2 if m.swiglu else 1) // etp * h))
         out.append((p + "linear_fc2.weight", h * ffn // etp))
     shared = m.moe_shared_expert_intermediate_size
-    if shared:
+    if shared:  # the gate registers first (megatron-core's SharedExpertMLP sets it before its MLP's linears)
+        out += [(prefix + "shared_experts.gate_weight", h)] if m.moe_shared_expert_gate else []
         out.append((prefix + "shared_experts.linear_fc1.weight", shared * (2 if m.swiglu else 1) // tp * h))
         out.append((prefix + "shared_experts.linear_fc2.weight", h * shared // tp))
-        out += [(prefix + "shared_experts.gate_weight", h)] if m.moe_shared_expert_gate else []
     return out
 
 

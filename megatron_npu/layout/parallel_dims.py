@@ -9,6 +9,7 @@ pretrain_gpt.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,6 +49,26 @@ TRAINER_FLAGS = LayoutFlags(
 )
 
 
+def _layout_virtual_stages(layout: str, pp: int, per_vstage: Any, vstages: Any) -> int | None:
+    """The virtual stages of --pipeline-model-parallel-layout: its stages ("|"-separated, after
+    megatron-core's unrolling of ``(...)*n`` and ``x*n``) over PP (Megatron-LM's validate_args)."""
+    if per_vstage is not None or vstages is not None:
+        raise LayoutError(
+            "--pipeline-model-parallel-layout sets the virtual stages itself: drop "
+            "--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank"
+        )
+    text = layout.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+    stages = len(text.split("|"))
+    if stages % pp:
+        raise LayoutError(
+            f"--pipeline-model-parallel-layout {layout!r} has {stages} stages, not a multiple of "
+            f"--pipeline-model-parallel-size {pp}"
+        )
+    return stages // pp
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -81,6 +102,14 @@ class ParallelDims:
     etp: int | None = None
     #: experts per MoE layer; 0: a dense model (EP must then be 1); None: not known (rankmap, plan)
     num_experts: int | None = None
+    #: uneven pipeline stages: layers of the first / last stage (the rest split evenly over the middle)
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    #: the embedding / the loss counted as one layer each when splitting the layers over stages
+    embedding_in_split: bool = False
+    loss_in_split: bool = False
+    #: --pipeline-model-parallel-layout (its own stages: vpp follows from it)
+    layout: str | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -161,11 +190,21 @@ class ParallelDims:
                 vpp = per_stage // per_vstage
         elif vstages is not None:
             vpp = vstages
+        layout = arg_value(args, "pipeline_model_parallel_layout")
+        if layout is not None:
+            vpp = _layout_virtual_stages(layout, pp, per_vstage, vstages)
         if vpp == 1:
             vpp = None  # one virtual stage is no interleaving (Megatron-LM)
         ep = int(arg_value(args, "expert_model_parallel_size", 1))
         etp = arg_value(args, "expert_tensor_parallel_size")
         experts = arg_value(args, "num_experts")
+        uneven = {
+            "first_stage_layers": arg_value(args, "decoder_first_pipeline_num_layers"),
+            "last_stage_layers": arg_value(args, "decoder_last_pipeline_num_layers"),
+            "embedding_in_split": bool(arg_value(args, "account_for_embedding_in_pipeline_split", False)),
+            "loss_in_split": bool(arg_value(args, "account_for_loss_in_pipeline_split", False)),
+            "layout": layout,
+        }
         return cls(
             world_size,
             tp,
@@ -180,6 +219,7 @@ class ParallelDims:
             flags,
             etp,
             experts or 0,
+            **uneven,
         )
 
     # ---- rules --------------------------------------------------------------------------------
@@ -254,8 +294,16 @@ class ParallelDims:
         return [e for e in candidates if self.world_size % (self.expert_tp * e * self.pp) == 0]
 
     def check_num_layers(self, num_layers: int) -> None:
-        """PP (x virtual stages) must divide the layers."""
+        """PP (x virtual stages) must divide the layers; with uneven first / last stages the middle
+        stages' layers (megatron-core's TransformerConfig rules, said before any process group)."""
         f = self.flags
+        if self.layout is not None:
+            return  # megatron-core checks the layout's layers against --num-layers (TransformerConfig)
+        if self.first_stage_layers is not None or self.last_stage_layers is not None:
+            self._check_uneven_stages(num_layers)
+            return
+        if self.embedding_in_split or self.loss_in_split:
+            num_layers += int(self.embedding_in_split) + int(self.loss_in_split)
         if num_layers % self.pp:
             raise LayoutError(f"{f.num_layers} {num_layers} is not divisible by {f.pp} {self.pp}")
         per_stage = num_layers // self.pp
@@ -263,6 +311,41 @@ class ParallelDims:
             raise LayoutError(
                 f"layers per pipeline stage ({num_layers} / {self.pp} = {per_stage}) is not divisible "
                 f"by {f.vpp} {self.vpp}"
+            )
+
+    def _check_uneven_stages(self, num_layers: int) -> None:
+        if self.embedding_in_split or self.loss_in_split:
+            raise LayoutError(
+                "--decoder-first/last-pipeline-num-layers cannot be combined with "
+                "--account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split; give one way"
+            )
+        middle_layers, middle_stages = num_layers, self.pp
+        for flag, layers in (
+            ("--decoder-first-pipeline-num-layers", self.first_stage_layers),
+            ("--decoder-last-pipeline-num-layers", self.last_stage_layers),
+        ):
+            if layers is None:
+                continue
+            if layers <= 0:
+                raise LayoutError(f"{flag} must be positive, got {layers}")
+            if self.vpp is not None and layers % self.vpp:
+                raise LayoutError(f"{flag} {layers} is not divisible by {self.flags.vpp} {self.vpp}")
+            middle_layers -= layers
+            middle_stages -= 1
+        if middle_stages < 0 or middle_layers < 0 or bool(middle_layers) != bool(middle_stages):
+            raise LayoutError(
+                f"--num-layers {num_layers} leaves {middle_layers} layers for {max(middle_stages, 0)} middle "
+                f"pipeline stages after the first / last stage's ({self.flags.pp} {self.pp})"
+            )
+        if middle_stages and middle_layers % middle_stages:
+            raise LayoutError(
+                f"the {middle_layers} layers between the first and last stage are not divisible by the "
+                f"{middle_stages} middle stages ({self.flags.pp} {self.pp})"
+            )
+        if middle_stages and self.vpp is not None and (middle_layers // middle_stages) % self.vpp:
+            raise LayoutError(
+                f"layers per middle pipeline stage ({middle_layers // middle_stages}) is not divisible by "
+                f"{self.flags.vpp} {self.vpp}"
             )
 
     def check_seq_length(self, seq_length: int, sequence_parallel: bool) -> None:

@@ -68,6 +68,7 @@ from megatron_npu.layout.model_spec import DTYPE_BYTES, ModelSpec, is_expert, st
 from megatron_npu.layout.parallel_dims import ParallelDims
 from megatron_npu.layout.plan_cp_fsdp import plan_cp, plan_fsdp
 from megatron_npu.layout.rankmap import RankMap, cp_placement
+from megatron_npu.layout.stages import chunk_layers
 
 # Assumed link bandwidths: facts of the target (megatron_npu/accelerator/facts.py); measure
 # and override with --intra-gbps / --inter-gbps.
@@ -302,7 +303,7 @@ class _RankSteps:
         self.pb, self.gb = DTYPE_BYTES[model.params_dtype], model.grad_bytes()
         self.act = model.seq_length // self.dims.cp * model.micro_batch_size * model.hidden_size * self.pb  # [s, b, h]
         self.sp = par.sequence_parallel
-        self.chunk_layers = self.dims.layers_per_chunk(model.num_layers)
+        self.chunks = chunk_layers(self.dims, model.num_layers, entry.pp_rank)  # (first layer, count) per chunk
         self.bucket_size = par.bucket_size or max(40_000_000, 1_000_000 * self.dims.dp * self.dims.cp)
 
     def group(self, name: str, rank: int | None = None) -> list[int]:
@@ -347,7 +348,8 @@ class _RankSteps:
         if self.dims.tp == 1:
             return
         act, act_sp, mbs, sp = self.act, self.act // self.dims.tp, self.mbs, self.sp
-        layers = self.chunk_layers * self.dims.virtual_stages * mbs
+        # MTP layers on the last stage: a transformer layer's traffic each (unchecked)
+        layers = (sum(n for _, n in self.chunks) + (self.model.mtp_num_layers or 0) * self.last) * mbs
         tp = (self.tpg, self.tp_inter)
         if sp:
             self.add("tp", "all_gather", "layers: qkv/fc1 fwd + bwd recompute, proj/fc2 bwd", 6 * layers, act_sp, *tp)
@@ -378,8 +380,7 @@ class _RankSteps:
         """CP attention's K/V traffic per layer this rank holds (plan_cp_fsdp.py)."""
         if self.dims.cp == 1:
             return
-        pp, n = self.dims.pp, self.chunk_layers
-        own = [(c * pp + self.pp_rank) * n + i for c in range(self.dims.virtual_stages) for i in range(n)]
+        own = [start + i for start, n in self.chunks for i in range(n)]
         plan_cp(self.model, self.par, self.layout, self.rank, own, self.mbs, self.add, self.pb)
 
     def cross_entropy(self) -> None:
@@ -391,12 +392,12 @@ class _RankSteps:
     def parameters(self) -> tuple[list[list[tuple[str, int]]], list[list[tuple[str, int]]], int]:
         """(dense parameters per model chunk, expert parameters per chunk under EP > 1, MoE layers here):
         each chunk has its own DDP buffers, and under EP > 1 the experts one of their own."""
-        model, dims, pp, n = self.model, self.dims, self.dims.pp, self.chunk_layers
+        model, dims, pp = self.model, self.dims, self.dims.pp
         experts = ((model.num_experts or 0) // dims.ep, dims.expert_tp)
         chunks, moe_here = [], 0
-        for c in range(dims.virtual_stages):
+        for c, (start, n) in enumerate(self.chunks):
             vstage = c * pp + self.pp_rank
-            moe_layers = model.moe_layers(vstage * n, n)
+            moe_layers = model.moe_layers(start, n)
             moe_here += sum(moe_layers)
             last = vstage == pp * dims.virtual_stages - 1
             chunks.append(stage_params(model, dims.tp, n, vstage == 0, last, pp, moe_layers, experts))

@@ -75,16 +75,53 @@ class RMSNorm(torch.nn.RMSNorm):
 
 
 def flash_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, softmax_scale: float, dropout_p: float = 0.0
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    softmax_scale: float,
+    dropout_p: float = 0.0,
+    attention_mask: torch.Tensor | None = None,
+    window: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """Causal attention. query [sq, b, np, hn], key/value [sk, b, ng, hn] (ng | np) -> [sq, b, np * hn]."""
-    sq, batch, heads, head_dim = query.shape
+    """Causal attention. query [sq, b, np, hq], key [sk, b, ng, hq], value [sk, b, ng, hv] (ng | np;
+    MLA: hv != hq) -> [sq, b, np * hv]. ``attention_mask``: megatron's, True = masked, broadcastable
+    to [b, 1, sq, sk] (document masks; it already holds the causal triangle); ``window``: megatron's
+    sliding window (left, right): key j of query i attends when i - left <= j <= i + right."""
+    sq, batch, heads, _ = query.shape
     kernel = get_accelerator().fused_kernel("flash_attention")
     if kernel is not None:
-        return kernel(query, key, value, softmax_scale=softmax_scale, dropout_p=dropout_p)
+        return kernel(
+            query,
+            key,
+            value,
+            softmax_scale=softmax_scale,
+            dropout_p=dropout_p,
+            attention_mask=attention_mask,
+            window=window,
+        )
     groups = heads // key.shape[2]
     q = query.permute(1, 2, 0, 3)
     k = key.repeat_interleave(groups, dim=2).permute(1, 2, 0, 3)
     v = value.repeat_interleave(groups, dim=2).permute(1, 2, 0, 3)
-    out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=softmax_scale)
-    return out.permute(2, 0, 1, 3).reshape(sq, batch, heads * head_dim)
+    masked = attention_mask_of(sq, key.shape[0], query.device, attention_mask, window)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=~masked, dropout_p=dropout_p, scale=softmax_scale)
+    return out.permute(2, 0, 1, 3).reshape(sq, batch, heads * value.shape[-1])
+
+
+def attention_mask_of(
+    sq: int,
+    sk: int,
+    device: torch.device,
+    attention_mask: torch.Tensor | None = None,
+    window: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """The boolean mask (True = masked) flash_attention applies: the window's band, else the given
+    mask, else the causal upper triangle (megatron-core's FusedScaleMaskSoftmax order)."""
+    if window is not None:
+        rows = torch.arange(sq, device=device).view(-1, 1) + (sk - sq)
+        cols = torch.arange(sk, device=device).view(1, -1)
+        return (cols < rows - window[0]) | (cols > rows + window[1])
+    if attention_mask is not None:
+        return attention_mask.bool()
+    return torch.ones(sq, sk, dtype=torch.bool, device=device).triu(diagonal=1)

@@ -16,9 +16,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.fusions.fused_bias_geglu import quick_gelu
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
+from megatron.core.transformer.transformer_config import MLATransformerConfig
 from megatron.core.transformer.utils import openai_gelu
 
 from megatron_npu.accelerator import get_accelerator
@@ -67,6 +69,8 @@ def _activation(args: argparse.Namespace) -> tuple[Callable, bool]:
     """(activation_func, gated_linear_unit) as Megatron-LM derives them."""
     if args.swiglu:
         return F.silu, True
+    if getattr(args, "quick_geglu", False):  # gpt-oss: gated quick-GeLU (offset and clamp: config fields)
+        return quick_gelu, True
     if args.squared_relu:
         return squared_relu, False
     if args.openai_gelu:
@@ -81,6 +85,10 @@ def _bias_activation_fusion(args: argparse.Namespace) -> bool:
     the jit fusions off."""
     if args.swiglu:
         return bool(args.bias_swiglu_fusion and not device_swiglu_fusion(args))
+    if getattr(args, "quick_geglu", False):
+        # megatron-core fuses quick-GeGLU only with per-token scales (its MLP raises otherwise): the same
+        # math runs unfused
+        return False
     return bool(args.bias_gelu_fusion and args.add_bias_linear)
 
 
@@ -109,6 +117,9 @@ def _derived_fields(args: argparse.Namespace) -> dict[str, Any]:
         "barrier_with_L1_time": False,
         # as Megatron-LM: one --cp-comm-type for every layer is a string, several are one per layer
         "cp_comm_type": args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else list(args.cp_comm_type),
+        # Megatron-LM's spellings of the uneven first / last pipeline stages
+        "num_layers_in_first_pipeline_stage": getattr(args, "decoder_first_pipeline_num_layers", None),
+        "num_layers_in_last_pipeline_stage": getattr(args, "decoder_last_pipeline_num_layers", None),
     }
     if args.init_method_xavier_uniform:  # as Megatron-LM: both init methods
         fields["init_method"] = fields["output_layer_init_method"] = torch.nn.init.xavier_uniform_
@@ -121,16 +132,21 @@ _DEFAULT_WHEN_NONE = ("recompute_modules",)
 
 
 def transformer_config(args: argparse.Namespace) -> TransformerConfig:
-    """As Megatron-LM's core_transformer_config_from_args: every TransformerConfig field that has a
-    flag of the same name takes its value, then the derived fields above."""
+    """As Megatron-LM's core_transformer_config_from_args: every field of the config class
+    (MLATransformerConfig with --multi-latent-attention) that has a flag of the same name takes its
+    value, then the derived fields above. The YaRN fields without a Megatron-LM flag
+    (original_max_position_embeddings, beta_fast, beta_slow) keep MLATransformerConfig's defaults."""
     values = args.values() if hasattr(args, "values") else vars(args)
+    config_class = MLATransformerConfig if values.get("multi_latent_attention") else TransformerConfig
     kwargs = {
         f.name: values[f.name]
-        for f in dataclasses.fields(TransformerConfig)
+        for f in dataclasses.fields(config_class)
         if f.init and f.name in values and not (f.name in _DEFAULT_WHEN_NONE and values[f.name] is None)
     }
+    if kwargs.get("rope_type", "") is None:
+        del kwargs["rope_type"]  # as Megatron-LM: the class's default (MLA yarn, other attention rope)
     kwargs.update(_derived_fields(args))
-    return release_config(TransformerConfig, kwargs)  # less the fields an older megatron-core lacks
+    return release_config(config_class, kwargs)  # less the fields an older megatron-core lacks
 
 
 def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:

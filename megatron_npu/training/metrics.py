@@ -79,6 +79,17 @@ class _Interval:
                 self.losses[key] = self.losses.get(key, 0.0) + value
 
 
+def mtp_losses(num_microbatches: int, iteration: int, writer: Any) -> dict[str, float]:
+    """This iteration's multi-token prediction losses ("mtp_1 loss", ...), as Megatron-LM's training_log
+    reads megatron-core's tracker (scaled by 1 / micro-batches, averaged over DP, then cleared); only
+    the ranks holding the MTP layers have them (the last rank prints the iteration line)."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    totals: dict[str, Any] = {}
+    MTPLossLoggingHelper.track_mtp_metrics(1 / num_microbatches, iteration, writer, None, totals)
+    return {name: float(value) for name, value in totals.items()}
+
+
 class TrainingMetrics:
     """Builds each step's record and writes it: timers JSON, metrics sinks, the iteration line."""
 
@@ -97,6 +108,8 @@ class TrainingMetrics:
         losses = {key: value.item() for key, value in result.losses.items()}
         if args.num_experts is not None:
             losses |= moe_losses(args, result.num_microbatches, state.iteration, self.writer.tensorboard)
+        if args.mtp_num_layers:
+            losses |= mtp_losses(result.num_microbatches, state.iteration, self.writer.tensorboard)
         state.count_step(batch_size, updated=result.updated, finite=all(math.isfinite(v) for v in losses.values()))
         flops = num_floating_point_operations(args, batch_size)
         state.floating_point_operations_so_far += flops

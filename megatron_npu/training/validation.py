@@ -18,6 +18,7 @@ from ..layout.parallel_dims import TRAINER_FLAGS, LayoutError, ParallelDims
 from ..policy import TOKENIZER_TYPES, ConfigError
 from .data_checks import check_indexed_dataset
 from .fsdp_args import check_fsdp_args
+from .model_args import check_model_family_args
 from .moe_args import check_moe_args
 from .sections.model import REQUIRED_POSITIVE, ModelSection, check_required_positive
 
@@ -91,6 +92,7 @@ def validate_args(
     _derive_constants(args, world_size)
     _check_model_size(args)
     _derive_position_embeddings(args)
+    check_model_family_args(args)
 
     # Model shape.
     if args.swiglu and args.squared_relu:

@@ -506,6 +506,35 @@ for swiglu, norm, tied, pos, pre, post in cases:
             grad_reduce_in_fp32=True, use_distributed_optimizer=dist_opt, overlap_grad_reduce=True, bucket_size=5000), model)
         got = [b.grad_data.numel() for buf in ddp.buffers for b in buf.buckets]
         assert got == _buckets(mine, 1, dist_opt, 5000, set()), (got, _buckets(mine, 1, dist_opt, 5000, set()))
+# issue 35's architectures: QK norms, MLA with and without a q low rank, MTP on a last stage (its own
+# embedding), dense-first MoE with shared experts and their gate
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
+from megatron.core.transformer import MLATransformerConfig
+base = dict(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96, use_cpu_initialization=True,
+            normalization="RMSNorm", add_bias_linear=False, gated_linear_unit=True)
+mla = dict(multi_latent_attention=True, kv_lora_rank=32, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=12)
+moe = dict(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32, moe_shared_expert_intermediate_size=48,
+           moe_layer_freq=[0, 1], moe_shared_expert_gate=True)
+spec_fields = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=128, micro_batch_size=1,
+                   global_batch_size=1, vocab_size=1000, ffn_hidden_size=96, swiglu=True, normalization="RMSNorm",
+                   add_bias_linear=False, position_embedding_type="rope", untie_embeddings_and_output_weights=True)
+cases = [  # (config, MLA?, ModelSpec fields, pre_process)
+    (TransformerConfig(**base, qk_layernorm=True, num_query_groups=2), False,
+     dict(qk_layernorm=True, num_query_groups=2), True),
+    (MLATransformerConfig(**base, **mla, q_lora_rank=None), True, dict(**mla), True),
+    (MLATransformerConfig(**base, **mla, q_lora_rank=24, qk_layernorm=True, mtp_num_layers=2, **moe), True,
+     dict(**mla, q_lora_rank=24, qk_layernorm=True, mtp_num_layers=2, num_experts=4, moe_ffn_hidden_size=32,
+          moe_shared_expert_intermediate_size=48, moe_layer_freq=[0, 1], moe_shared_expert_gate=True), False),
+]
+for cfg, is_mla, fields, pre in cases:
+    spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+    mtp = get_gpt_mtp_block_spec(cfg, spec.layer_specs[-1], use_transformer_engine=False) if cfg.mtp_num_layers else None
+    model = GPTModel(cfg, spec, vocab_size=1024, max_sequence_length=128, position_embedding_type="rope",
+                     share_embeddings_and_output_weights=False, pre_process=pre, mtp_block_spec=mtp)
+    real = [(n, p.numel()) for n, p in model.named_parameters()]
+    m = ModelSpec(**(spec_fields | fields))
+    mine = stage_params(m, 1, 2, pre, True, 1, m.moe_layers(0, 2), (4, 1))
+    assert real == mine, (real, mine)
 print("RESULT ok", flush=True)
 """
 

@@ -923,7 +923,7 @@ def test_upstream_megatron_lm_backend_goes_through_the_same_accelerator_question
     [
         (["--rl-use-sequence-packing"], "a flag of Megatron-LM's reinforcement learning (GRPO) training"),
         (["--img-h", "224"], "a flag of Megatron-LM's vision models"),
-        (["--q-lora-rank", "64"], "multi-latent attention is not supported by this trainer"),
+        (["--qk-clip"], "QK-clip needs Transformer Engine >= 2.9"),
         (["--use-nccl-ub"], "CUDA-only"),
         (["--fim-data"], "this dataset option is not supported by this trainer; use --data-path"),
     ],

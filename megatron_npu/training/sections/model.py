@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ...layout.moe import moe_freq_type
 from ...policy import ConfigError
+from ..model_args import tuple_type
 from .base import Section, spec
 
 #: what a model needs given, each a positive whole number
@@ -138,6 +140,80 @@ class ModelSection(Section):
 
     qk_layernorm: bool = False
     """Layer-normalize q and k."""
+
+    # ---- model families (Megatron-LM core_v0.16.1's _add_mla_args, its network-size and distributed
+    # groups, and the flags it generates from TransformerConfig; training/model_args.py checks them)
+    multi_latent_attention: bool = False
+    """Use multi-latent attention (MLA; megatron-core's MLATransformerConfig)."""
+
+    q_lora_rank: int | None = None
+    """Rank of the query's low-rank representation (MLA; none: a full query projection)."""
+
+    kv_lora_rank: int = 32
+    """Rank of the key and value's low-rank representation (MLA)."""
+
+    qk_head_dim: int = 128
+    """Dimension of the head in the QK projection (MLA; q_head_dim = qk_head_dim + qk_pos_emb_head_dim)."""
+
+    qk_pos_emb_head_dim: int = 64
+    """Dimension of the position embedding in the QK projection (MLA)."""
+
+    v_head_dim: int = 128
+    """Dimension of the head in the V projection (MLA)."""
+
+    rotary_scaling_factor: float = 1.0
+    """Rotary scaling factor for the rotary embeddings (YaRN, MLA)."""
+
+    mscale: float = 1.0
+    """Mscale for YaRN RoPE in multi-latent attention."""
+
+    mscale_all_dim: float = 0.0
+    """Mscale all dimensions for YaRN RoPE in multi-latent attention."""
+
+    rope_type: Literal["rope", "yarn"] | None = None
+    """Type of rope to use: MLA takes yarn by default, other attention rope."""
+
+    mtp_num_layers: int | None = None
+    """Number of multi-token prediction (MTP) layers; none: no MTP."""
+
+    mtp_loss_scaling_factor: float = 0.1
+    """Scaling factor of the MTP loss (the mean over the MTP layers' losses times this)."""
+
+    window_size: object | None = spec(None, type=tuple_type, nargs=None)
+    """Window size for window attention (left,right); none: window attention disabled."""
+
+    window_attn_skip_freq: object | None = spec(None, type=moe_freq_type)
+    """Layers without window attention: N, one full-attention layer after N-1 window layers; or a list (1 = window)."""
+
+    no_rope_freq: object | None = spec(None, type=moe_freq_type)
+    """Layers without RoPE: N, RoPE skipped on every N-th layer; or a list (1 = no RoPE)."""
+
+    softmax_type: Literal["vanilla", "off-by-one", "learnable"] = "vanilla"
+    """Softmax of the attention: vanilla, off-by-one or learnable (attention sinks)."""
+
+    quick_geglu: bool = False
+    """Use quick geglu activation instead of default gelu (gpt-oss)."""
+
+    glu_linear_offset: float = 0.0
+    """Offset added to the linear half of a gated linear unit (gpt-oss: 1.0)."""
+
+    activation_func_clamp_value: float | None = None
+    """Clamp of the gated linear unit's inputs (gpt-oss: 7.0)."""
+
+    decoder_first_pipeline_num_layers: int | None = None
+    """Transformer layers on the first pipeline stage; none: an even split."""
+
+    decoder_last_pipeline_num_layers: int | None = None
+    """Transformer layers on the last pipeline stage; none: an even split."""
+
+    account_for_embedding_in_pipeline_split: bool = False
+    """Count the embedding as one layer when splitting the layers over pipeline stages."""
+
+    account_for_loss_in_pipeline_split: bool = False
+    """Count the loss as one layer when splitting the layers over pipeline stages."""
+
+    pipeline_model_parallel_layout: str | None = None
+    """Custom layout of the layers over stages, e.g. "E|(t|)*3,m|m||L" (E embedding, t layer, m MTP, L loss)."""
 
     def __post_init__(self) -> None:
         # TransformerConfig's own checks, for a section built without the trainer's validation
