@@ -1,6 +1,6 @@
 """``megatron-npu convert``: Hugging Face model directories to and from pretrain_gpt.py checkpoints.
 
-    megatron-npu convert to-megatron HF_DIR SAVE_DIR --tp 2 --pp 2 [--vpp 2] [--seq-length N]
+    megatron-npu convert to-megatron HF_DIR SAVE_DIR --tp 2 --pp 2 [--vpp 2] [--ep 2] [--seq-length N]
     megatron-npu convert to-hf LOAD_DIR HF_OUT
 
 ``to-megatron`` writes ``SAVE_DIR/iter_0000000`` and ``latest_checkpointed_iteration.txt``,
@@ -26,6 +26,7 @@ from megatron_npu.convert.hf_config import (
     ConvertError,
     ModelSpec,
     check_attention_window,
+    layout_flags,
     model_spec,
     read_config,
 )
@@ -55,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     to_m.add_argument("--tp", type=int, default=1, help="tensor parallel size the checkpoint is trained with")
     to_m.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
     to_m.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per pipeline rank")
+    to_m.add_argument("--ep", type=int, default=1, help="expert parallel size (MoE models)")
     to_m.add_argument(
         "--seq-length",
         type=int,
@@ -85,11 +87,10 @@ def tokenizer_vocab(hf_dir: str) -> int | None:
     return len(AutoTokenizer.from_pretrained(hf_dir))
 
 
-def suggested_command(spec: ModelSpec, save_dir: str, tp: int, pp: int, vpp: int | None, seq_length: int) -> str:
-    layout = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)]
-    layout += ["--seq-length", str(seq_length)]
-    if vpp:
-        layout += ["--num-layers-per-virtual-pipeline-stage", str(spec.num_layers // (pp * vpp))]
+def suggested_command(
+    spec: ModelSpec, save_dir: str, tp: int, pp: int, vpp: int | None, seq_length: int, ep: int = 1
+) -> str:
+    layout = [*layout_flags(spec, tp=tp, pp=pp, vpp=vpp, ep=ep), "--seq-length", str(seq_length)]
     load = ["--load", save_dir, "--finetune", "--no-load-optim", "--no-load-rng"]
     groups = [spec.flags(), layout, load]
     kept = os.path.join(save_dir, HF_CONFIG_DIR)
@@ -101,7 +102,7 @@ def suggested_command(spec: ModelSpec, save_dir: str, tp: int, pp: int, vpp: int
 def _to_megatron(ns: argparse.Namespace) -> int:
     cfg = read_config(ns.hf_dir)
     vocab = ns.tokenizer_vocab_size if ns.tokenizer_vocab_size is not None else tokenizer_vocab(ns.hf_dir)
-    spec = model_spec(cfg, tp=ns.tp, pp=ns.pp, vpp=ns.vpp, tokenizer_vocab=vocab)
+    spec = model_spec(cfg, tp=ns.tp, pp=ns.pp, vpp=ns.vpp, ep=ns.ep, tokenizer_vocab=vocab)
     seq_length = ns.seq_length or spec.max_position_embeddings
     check_attention_window(cfg, seq_length)
     from megatron_npu.convert.hf_io import HFReader
@@ -135,7 +136,7 @@ def _to_megatron(ns: argparse.Namespace) -> int:
         "train from it with pretrain_gpt.py and these flags (plus your data, batch and schedule flags; a tokenizer "
         f"of {vocab or spec.vocab_size} tokens, which --make-vocab-size-divisible-by pads to {spec.padded_vocab_size}):\n"
     )
-    print("    " + suggested_command(spec, ns.save_dir, ns.tp, ns.pp, ns.vpp, seq_length))
+    print("    " + suggested_command(spec, ns.save_dir, ns.tp, ns.pp, ns.vpp, seq_length, ns.ep))
     return 0
 
 

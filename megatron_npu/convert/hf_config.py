@@ -14,7 +14,20 @@ from dataclasses import dataclass
 from megatron_npu.layout.model_shape import ModelShape, pad_vocab_size
 from megatron_npu.layout.parallel_dims import LayoutError
 
-FAMILIES = {"llama": "LLaMA-2/3", "qwen2": "Qwen2/2.5", "mistral": "Mistral", "gpt2": "GPT-2"}
+FAMILIES = {
+    "llama": "LLaMA-2/3",
+    "qwen2": "Qwen2/2.5",
+    "qwen3": "Qwen3",
+    "qwen3_moe": "Qwen3-MoE",
+    "mistral": "Mistral",
+    "mixtral": "Mixtral",
+    "gpt2": "GPT-2",
+    "deepseek_v3": "DeepSeek-V3",
+}
+# families whose attention normalises q and k per head (--qk-layernorm)
+QK_NORM = ("qwen3", "qwen3_moe")
+# megatron-core 0.16's MLA YaRN settings Megatron-LM core_v0.16.1 has no flag for (MLATransformerConfig's defaults)
+MLA_YARN_FIXED = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
 # megatron-core 0.16's RotaryEmbedding applies llama3 scaling with these constants fixed.
 LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 # config.json's names of the sizes TP splits (ModelShape's fields), for the messages
@@ -28,6 +41,67 @@ GPT2_NAMES = {"num_attention_heads": "n_head", "num_query_groups": "n_head", "ff
 
 class ConvertError(ValueError):
     """A model or request the converter cannot handle; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """The routed experts of a Mixture-of-Experts model (megatron-core's MoELayer)."""
+
+    num_experts: int
+    ffn_hidden_size: int  # each expert's (--moe-ffn-hidden-size)
+    topk: int
+    pre_softmax: bool  # softmax over all experts, top-k not renormalised (Qwen3-MoE's norm_topk_prob false)
+    layers: tuple[bool, ...]  # per decoder layer: MoE (True) or dense MLP
+    shared_ffn_hidden_size: int | None = None  # all shared experts together (DeepSeek)
+    sigmoid: bool = False  # sigmoid scores, top-k renormalised (DeepSeek-V3); else softmax
+    expert_bias: bool = False  # aux-loss-free balancing bias added to the scores for choosing only
+    num_groups: int | None = None  # group-limited routing: top-k of the best group_topk groups
+    group_topk: int | None = None
+    scaling_factor: float | None = None  # routed_scaling_factor
+
+    def flags(self) -> list[str]:
+        f = ["--num-experts", str(self.num_experts), "--moe-ffn-hidden-size", str(self.ffn_hidden_size)]
+        f += ["--moe-router-topk", str(self.topk), "--moe-grouped-gemm"]
+        if self.pre_softmax:
+            f += ["--moe-router-pre-softmax"]
+        if not all(self.layers):
+            f += ["--moe-layer-freq", "[" + ",".join(str(int(x)) for x in self.layers) + "]"]
+        if self.shared_ffn_hidden_size:
+            f += ["--moe-shared-expert-intermediate-size", str(self.shared_ffn_hidden_size)]
+        if self.sigmoid:  # HF routes in fp32 whatever the weights' dtype
+            f += ["--moe-router-score-function", "sigmoid", "--moe-router-dtype", "fp32"]
+        if self.expert_bias:
+            f += ["--moe-router-enable-expert-bias"]
+        if self.num_groups:
+            f += ["--moe-router-num-groups", str(self.num_groups), "--moe-router-group-topk", str(self.group_topk)]
+        if self.scaling_factor is not None:
+            f += ["--moe-router-topk-scaling-factor", repr(self.scaling_factor)]
+        return f
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-latent attention (DeepSeek-V2/V3): q and kv through low-rank projections."""
+
+    q_lora_rank: int | None  # None: one q projection
+    kv_lora_rank: int
+    qk_head_dim: int  # the part of q/k without positions (HF qk_nope_head_dim)
+    qk_pos_emb_head_dim: int  # the rotated part (HF qk_rope_head_dim)
+    v_head_dim: int
+    yarn: tuple[float, float, float] | None  # (factor, mscale, mscale_all_dim)
+
+    def flags(self) -> list[str]:
+        # --qk-layernorm: megatron-core's MLA builds the q and kv latent norms only with it
+        f = ["--multi-latent-attention", "--qk-layernorm", "--kv-lora-rank", str(self.kv_lora_rank)]
+        if self.q_lora_rank is not None:
+            f += ["--q-lora-rank", str(self.q_lora_rank)]
+        f += ["--qk-head-dim", str(self.qk_head_dim), "--qk-pos-emb-head-dim", str(self.qk_pos_emb_head_dim)]
+        f += ["--v-head-dim", str(self.v_head_dim)]
+        if self.yarn is None:  # MLA's default is YaRN
+            return f + ["--rope-type", "rope"]
+        factor, mscale, mscale_all_dim = self.yarn
+        f += ["--rope-type", "yarn", "--rotary-scaling-factor", repr(factor)]
+        return f + ["--mscale", repr(mscale), "--mscale-all-dim", repr(mscale_all_dim)]
 
 
 @dataclass(frozen=True)
@@ -51,6 +125,9 @@ class ModelSpec:
     rope_scaling_factor: float | None = None  # llama3-style scaling
     rope_linear_factor: int | None = None  # linear scaling (--rotary-seq-len-interpolation-factor)
     qkv_bias: bool = False
+    qk_layernorm: bool = False
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
     dtype: str = "float32"
 
     @property
@@ -75,7 +152,9 @@ class ModelSpec:
             "--make-vocab-size-divisible-by",
             str(self.make_vocab_size_divisible_by),
         ]
-        if self.kv_channels * self.num_heads != self.hidden_size:
+        if self.mla is not None:
+            f += self.mla.flags()
+        elif self.kv_channels * self.num_heads != self.hidden_size:
             f += ["--kv-channels", str(self.kv_channels)]
         if self.num_query_groups != self.num_heads:
             f += ["--group-query-attention", "--num-query-groups", str(self.num_query_groups)]
@@ -86,12 +165,16 @@ class ModelSpec:
             f += ["--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear"]
             if self.qkv_bias:
                 f += ["--add-qkv-bias"]
+            if self.qk_layernorm and self.mla is None:
+                f += ["--qk-layernorm"]
             if self.rope_scaling_factor is not None:
                 f += ["--use-rope-scaling", "--rope-scaling-factor", repr(self.rope_scaling_factor)]
             if self.rope_linear_factor is not None:
                 f += ["--rotary-seq-len-interpolation-factor", str(self.rope_linear_factor)]
         if not self.tied_embeddings:
             f += ["--untie-embeddings-and-output-weights"]
+        if self.moe is not None:
+            f += self.moe.flags()
         if self.dtype == "bfloat16":
             f += ["--bf16"]
         elif self.dtype == "float16":
@@ -147,10 +230,105 @@ def _divisible_by(tokenizer_vocab: int, model_vocab: int, tp: int) -> tuple[int,
     return 128, pad_vocab_size(tokenizer_vocab, 128, tp)
 
 
+def _moe(cfg: dict, family: str, num_layers: int) -> MoESpec | None:
+    """The experts of a Mixtral or Qwen3-MoE config; None for a dense family."""
+    if family == "mixtral":
+        if float(cfg.get("router_jitter_noise") or 0.0):
+            raise ConvertError("Mixtral with router_jitter_noise: megatron-core's router has no jitter; set it to 0")
+        # softmax, top-k, renormalised: megatron-core's top-k then softmax (the same probabilities)
+        return MoESpec(
+            num_experts=int(cfg["num_local_experts"]),
+            ffn_hidden_size=int(cfg["intermediate_size"]),
+            topk=int(cfg["num_experts_per_tok"]),
+            pre_softmax=False,
+            layers=(True,) * num_layers,
+        )
+    if family == "qwen3_moe":
+        step, dense = int(cfg.get("decoder_sparse_step", 1)), set(cfg.get("mlp_only_layers") or [])
+        # transformers' Qwen3MoeDecoderLayer: experts where the layer is not listed and (i + 1) % step == 0
+        layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
+        return MoESpec(
+            num_experts=int(cfg.get("num_experts") or cfg["num_local_experts"]),  # transformers 5 writes the latter
+            ffn_hidden_size=int(cfg["moe_intermediate_size"]),
+            topk=int(cfg["num_experts_per_tok"]),
+            pre_softmax=not cfg.get("norm_topk_prob", False),
+            layers=layers,
+        )
+    if family == "deepseek_v3":
+        return _deepseek_moe(cfg, num_layers)
+    return None
+
+
+def _deepseek_moe(cfg: dict, num_layers: int) -> MoESpec:
+    """DeepSeek-V3's router: sigmoid scores plus a correction bias for choosing, group-limited
+    top-k, the chosen scores renormalised and scaled; shared experts beside the routed ones."""
+    experts, topk = int(cfg.get("n_routed_experts") or cfg["num_local_experts"]), int(cfg["num_experts_per_tok"])
+    groups, group_topk = int(cfg.get("n_group") or 1), int(cfg.get("topk_group") or 1)
+    if not cfg.get("norm_topk_prob", True) and topk > 1:
+        raise ConvertError(
+            "DeepSeek-V3 with norm_topk_prob false: megatron-core 0.16 renormalises sigmoid top-k scores always"
+        )
+    if groups > 1 and topk // group_topk != 2:
+        # HF scores a group by its best 2 experts, megatron-core by its best topk // group_topk
+        raise ConvertError(
+            f"DeepSeek-V3 with num_experts_per_tok {topk} and topk_group {group_topk}: megatron-core scores a group "
+            f"by its best {topk // group_topk} experts, transformers by its best 2"
+        )
+    shared = int(cfg.get("n_shared_experts") or 0) * int(cfg["moe_intermediate_size"])
+    dense = int(cfg.get("first_k_dense_replace") or 0)
+    return MoESpec(
+        num_experts=experts,
+        ffn_hidden_size=int(cfg["moe_intermediate_size"]),
+        topk=topk,
+        pre_softmax=False,
+        layers=tuple(i >= dense for i in range(num_layers)),
+        shared_ffn_hidden_size=shared or None,
+        sigmoid=True,
+        expert_bias=True,
+        num_groups=groups if groups > 1 else None,
+        group_topk=group_topk if groups > 1 else None,
+        scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
+    )
+
+
+def _mla(cfg: dict) -> MLASpec:
+    """DeepSeek-V3's attention; its YaRN as megatron-core's MLA YaRN (some constants fixed there)."""
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    yarn = None
+    if kind == "yarn":
+        differ = {k: scaling.get(k) for k, v in MLA_YARN_FIXED.items() if float(scaling.get(k, v)) != v}
+        if differ:
+            raise ConvertError(
+                f"YaRN with {differ}: Megatron-LM core_v0.16.1 has no flag for these (megatron-core's MLA fixes "
+                f"{MLA_YARN_FIXED}); this model cannot be trained with the same positions"
+            )
+        yarn = (float(scaling["factor"]), float(scaling.get("mscale", 1.0)), float(scaling.get("mscale_all_dim", 0.0)))
+    elif kind != "default":
+        raise ConvertError(f"DeepSeek-V3 with RoPE scaling type {kind!r}: megatron-core's MLA has rope and yarn")
+    if not cfg.get("rope_interleave", True):
+        raise ConvertError("DeepSeek-V3 with rope_interleave false: megatron-core's MLA rotates interleaved pairs")
+    q_lora = cfg.get("q_lora_rank")
+    return MLASpec(
+        q_lora_rank=int(q_lora) if q_lora else None,
+        kv_lora_rank=int(cfg["kv_lora_rank"]),
+        qk_head_dim=int(cfg["qk_nope_head_dim"]),
+        qk_pos_emb_head_dim=int(cfg["qk_rope_head_dim"]),
+        v_head_dim=int(cfg["v_head_dim"]),
+        yarn=yarn,
+    )
+
+
 def model_spec(
-    cfg: dict, *, tp: int = 1, pp: int = 1, vpp: int | None = None, tokenizer_vocab: int | None = None
+    cfg: dict,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    vpp: int | None = None,
+    ep: int = 1,
+    tokenizer_vocab: int | None = None,
 ) -> ModelSpec:
-    """The spec of ``cfg`` (a config.json dict), checked against the TP x PP (x VPP) layout."""
+    """The spec of ``cfg`` (a config.json dict), checked against the TP x PP (x VPP) x EP layout."""
     arch = (cfg.get("architectures") or ["?"])[0]
     family = cfg.get("model_type")
     if family not in FAMILIES:
@@ -196,14 +374,19 @@ def model_spec(
         if cfg.get("attention_bias") or cfg.get("mlp_bias"):
             raise ConvertError(f"{arch} with attention_bias/mlp_bias: only the QKV bias of Qwen2 is mapped")
         heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
-        theta, llama3, linear = _rope(cfg)
+        mla = _mla(cfg) if family == "deepseek_v3" else None
+        # MLA's YaRN is its own (the llama3/linear scaling below is GPTModel's RotaryEmbedding)
+        theta, llama3, linear = _rope({**cfg, "rope_scaling": None, "rope_parameters": {}}) if mla else _rope(cfg)
+        if mla:
+            theta = int((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        num_layers = int(cfg["num_hidden_layers"])
         spec = ModelSpec(
             family=family,
-            num_layers=int(cfg["num_hidden_layers"]),
+            num_layers=num_layers,
             hidden_size=hidden,
             num_heads=heads,
-            num_query_groups=int(cfg.get("num_key_value_heads") or heads),
-            kv_channels=int(cfg.get("head_dim") or hidden // heads),
+            num_query_groups=heads if mla else int(cfg.get("num_key_value_heads") or heads),
+            kv_channels=mla.v_head_dim if mla else int(cfg.get("head_dim") or hidden // heads),
             ffn_hidden_size=int(cfg["intermediate_size"]),
             vocab_size=vocab,
             padded_vocab_size=padded,
@@ -215,10 +398,25 @@ def model_spec(
             rope_scaling_factor=llama3,
             rope_linear_factor=linear,
             qkv_bias=family == "qwen2",
+            qk_layernorm=family in QK_NORM or mla is not None,
+            moe=_moe(cfg, family, num_layers),
+            mla=mla,
             dtype=dtype,
         )
-    check_layout(spec, tp=tp, pp=pp, vpp=vpp)
+    check_layout(spec, tp=tp, pp=pp, vpp=vpp, ep=ep)
     return spec
+
+
+def layout_flags(spec: ModelSpec, *, tp: int, pp: int, vpp: int | None, ep: int) -> list[str]:
+    """pretrain_gpt.py's layout flags (MoE under TP: megatron-core's MoE layer needs sequence parallelism)."""
+    flags = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)]
+    if vpp:
+        flags += ["--num-layers-per-virtual-pipeline-stage", str(spec.num_layers // (pp * vpp))]
+    if ep > 1:
+        flags += ["--expert-model-parallel-size", str(ep)]
+    if spec.moe is not None and tp > 1:
+        flags += ["--sequence-parallel"]
+    return flags
 
 
 def check_attention_window(cfg: dict, seq_length: int) -> None:
@@ -232,8 +430,8 @@ def check_attention_window(cfg: dict, seq_length: int) -> None:
         )
 
 
-def check_layout(spec: ModelSpec, *, tp: int, pp: int, vpp: int | None) -> None:
-    """What a TP x PP (x VPP) layout must split evenly, named as config.json names it."""
+def check_layout(spec: ModelSpec, *, tp: int, pp: int, vpp: int | None, ep: int = 1) -> None:
+    """What a TP x PP (x VPP) x EP layout must split evenly, named as config.json names it."""
     shape = ModelShape(
         spec.num_layers,
         spec.hidden_size,
@@ -247,6 +445,8 @@ def check_layout(spec: ModelSpec, *, tp: int, pp: int, vpp: int | None) -> None:
         shape.check_tensor_parallel(tp, names=GPT2_NAMES if spec.gpt2 else HF_NAMES)
     except LayoutError as error:
         raise ConvertError(str(error)) from None
+    _check_experts(spec, tp=tp, ep=ep)
+    _check_mla(spec, tp=tp)
     stages = pp * (vpp or 1)
     if spec.num_layers % stages:
         raise ConvertError(
@@ -254,3 +454,30 @@ def check_layout(spec: ModelSpec, *, tp: int, pp: int, vpp: int | None) -> None:
             + (f" x --vpp {vpp}" if vpp else "")
             + ": choose a layout that splits the layers evenly"
         )
+
+
+def _check_experts(spec: ModelSpec, *, tp: int, ep: int) -> None:
+    """EP splits the experts, TP (megatron-core's expert TP defaults to it) each expert's FFN."""
+    if spec.moe is None:
+        if ep != 1:
+            raise ConvertError(f"--ep {ep} for a dense model ({spec.family} has no experts): use --ep 1")
+        return
+    experts = {"mixtral": "num_local_experts", "deepseek_v3": "n_routed_experts"}.get(spec.family, "num_experts")
+    if spec.moe.num_experts % ep:
+        raise ConvertError(
+            f"{experts} {spec.moe.num_experts} is not divisible by --ep {ep}: choose an EP size that divides the experts"
+        )
+    ffn = "intermediate_size" if spec.family == "mixtral" else "moe_intermediate_size"
+    if spec.moe.ffn_hidden_size % tp:
+        raise ConvertError(f"{ffn} {spec.moe.ffn_hidden_size} is not divisible by --tp {tp}")
+
+
+def _check_mla(spec: ModelSpec, *, tp: int) -> None:
+    """megatron-core's local MLA splits its down projections' outputs (the latent ranks) over TP too."""
+    if spec.mla is None:
+        return
+    if spec.mla.q_lora_rank is not None and spec.mla.q_lora_rank % tp:
+        raise ConvertError(f"q_lora_rank {spec.mla.q_lora_rank} is not divisible by --tp {tp}")
+    kv = spec.mla.kv_lora_rank + spec.mla.qk_pos_emb_head_dim
+    if kv % tp:
+        raise ConvertError(f"kv_lora_rank + qk_rope_head_dim ({kv}) is not divisible by --tp {tp}")

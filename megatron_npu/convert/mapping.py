@@ -9,6 +9,9 @@ trip gives the same bits. Layouts (megatron-core's, not documented in one place)
   so that a TP shard of rows is whole groups (HF keeps q, k and v apart).
 - ``linear_fc1`` with SwiGLU: ``[gate; up]`` (megatron-core's factory splits each half per TP rank).
 - GPT-2's ``Conv1D`` stores ``[in, out]``: transposed against ``nn.Linear``.
+- Experts: ``mlp.experts.local_experts.{e}`` (SequentialMLP's names, which the trainer's
+  ``--moe-grouped-gemm`` keeps), saved as one tensor per layer with an expert axis (global expert
+  index, so any EP size loads it); the router's ``[experts, hidden]`` weight as HF's gate.
 """
 
 from __future__ import annotations
@@ -110,24 +113,74 @@ def rules(spec: ModelSpec, cut: dict[str, torch.Tensor] | None = None) -> Iterat
     yield from (_gpt2_rules if spec.gpt2 else _llama_rules)(spec, cut or {})
 
 
+def _swiglu(gate_up: tuple[str, str]) -> tuple[tuple[str, str], Callable, Callable]:
+    return gate_up, lambda ts: torch.cat(ts), lambda t: [c.contiguous() for c in t.chunk(2)]
+
+
+# HF's names of one expert's gate, up and down projections, and of the router, per family
+EXPERT_NAMES = {
+    "mixtral": ("block_sparse_moe.experts.{e}.", ("w1", "w3", "w2"), "block_sparse_moe.gate.weight"),
+    "qwen3_moe": ("mlp.experts.{e}.", ("gate_proj", "up_proj", "down_proj"), "mlp.gate.weight"),
+    "deepseek_v3": ("mlp.experts.{e}.", ("gate_proj", "up_proj", "down_proj"), "mlp.gate.weight"),
+}
+
+
+def _mlp_rules(spec: ModelSpec, i: int, m: str, h: str) -> Iterator[Rule]:
+    """Layer i's MLP: dense (gate/up/down) or routed experts with their router."""
+    if spec.moe is None or not spec.moe.layers[i]:
+        yield Rule(m + "mlp.linear_fc1.weight", *_swiglu((h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight")))
+        yield Rule(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), _same, _one)
+        return
+    expert, (gate, up, down), router = EXPERT_NAMES[spec.family]
+    yield Rule(m + "mlp.router.weight", (h + router,), _same, _one)
+    if spec.moe.expert_bias:  # DeepSeek-V3's score correction: megatron-core's expert bias (a buffer)
+        yield Rule(m + "mlp.router.expert_bias", (h + "mlp.gate.e_score_correction_bias",), _same, _one)
+    if spec.moe.shared_ffn_hidden_size:
+        shared = h + "mlp.shared_experts."
+        gate_up = (shared + "gate_proj.weight", shared + "up_proj.weight")
+        yield Rule(m + "mlp.shared_experts.linear_fc1.weight", *_swiglu(gate_up))
+        yield Rule(m + "mlp.shared_experts.linear_fc2.weight", (shared + "down_proj.weight",), _same, _one)
+    for e in range(spec.moe.num_experts):
+        me, he = f"{m}mlp.experts.local_experts.{e}.", h + expert.format(e=e)
+        yield Rule(me + "linear_fc1.weight", *_swiglu((f"{he}{gate}.weight", f"{he}{up}.weight")))
+        yield Rule(me + "linear_fc2.weight", (f"{he}{down}.weight",), _same, _one)
+
+
+def _mla_rules(spec: ModelSpec, m: str, h: str) -> Iterator[Rule]:
+    """Multi-latent attention: the same matrices both sides (megatron-core splits the kv down
+    projection's output [kv latent; rotated k] and the up projections' per-head [nope; rope] /
+    [k nope; v] as transformers does)."""
+    pairs = [
+        ("linear_kv_down_proj.weight", "kv_a_proj_with_mqa.weight"),
+        ("kv_layernorm.weight", "kv_a_layernorm.weight"),
+    ]
+    pairs += [("linear_kv_up_proj.weight", "kv_b_proj.weight")]
+    if spec.mla.q_lora_rank is None:
+        pairs += [("linear_q_proj.weight", "q_proj.weight")]
+    else:
+        pairs += [("linear_q_down_proj.weight", "q_a_proj.weight"), ("q_layernorm.weight", "q_a_layernorm.weight")]
+        pairs += [("linear_q_up_proj.weight", "q_b_proj.weight")]
+    for megatron, hf in pairs:
+        yield Rule(m + megatron, (h + hf,), _same, _one)
+
+
 def _llama_rules(spec: ModelSpec, cut: dict[str, torch.Tensor]) -> Iterator[Rule]:
     qkv_in, qkv_out = _qkv(spec)
     yield Rule(VOCAB_TENSORS[0], ("model.embed_tokens.weight",), *_vocab(spec, "model.embed_tokens.weight", cut))
     for i in range(spec.num_layers):
         m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
         yield Rule(m + "input_layernorm.weight", (h + "input_layernorm.weight",), _same, _one)
-        for kind in ("weight", "bias") if spec.qkv_bias else ("weight",):
+        if spec.mla is not None:
+            yield from _mla_rules(spec, m + "self_attention.", h + "self_attn.")
+        for kind in ("weight", "bias") if spec.qkv_bias else ("weight",) if spec.mla is None else ():
             names = tuple(f"{h}self_attn.{p}_proj.{kind}" for p in "qkv")
             yield Rule(f"{m}self_attention.linear_qkv.{kind}", names, qkv_in, qkv_out)
+        if spec.qk_layernorm and spec.mla is None:  # per-head norms of q and k: [kv_channels] both sides
+            for p in "qk":
+                yield Rule(f"{m}self_attention.{p}_layernorm.weight", (f"{h}self_attn.{p}_norm.weight",), _same, _one)
         yield Rule(m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",), _same, _one)
         yield Rule(m + "pre_mlp_layernorm.weight", (h + "post_attention_layernorm.weight",), _same, _one)
-        yield Rule(
-            m + "mlp.linear_fc1.weight",
-            (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"),
-            lambda ts: torch.cat(ts),
-            lambda t: [c.contiguous() for c in t.chunk(2)],
-        )
-        yield Rule(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), _same, _one)
+        yield from _mlp_rules(spec, i, m, h)
     yield Rule("decoder.final_layernorm.weight", ("model.norm.weight",), _same, _one)
     if not spec.tied_embeddings:
         yield Rule(VOCAB_TENSORS[1], ("lm_head.weight",), *_vocab(spec, "lm_head.weight", cut))

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_npu.convert.hf_config import ModelSpec
+from megatron_npu.convert.hf_config import ModelSpec, layout_flags
 from megatron_npu.convert.hf_io import HFReader
 from megatron_npu.convert.mapping import VOCAB_TENSORS, rules
-from megatron_npu.convert.pieces import Pieces, Reader
+from megatron_npu.convert.pieces import Pieces, Reader, layer_stacked
 from megatron_npu.training.arguments import parse_args
 from megatron_npu.training.checkpointing import checkpoint_dir, save_checkpoint
 from megatron_npu.training.global_vars import set_global
@@ -37,15 +37,12 @@ Progress = Callable[[str], None]
 
 
 def trainer_args(
-    spec: ModelSpec, *, tp: int = 1, pp: int = 1, vpp: int | None = None, extra: tuple[str, ...] = ()
+    spec: ModelSpec, *, tp: int = 1, pp: int = 1, vpp: int | None = None, ep: int = 1, extra: tuple[str, ...] = ()
 ) -> argparse.Namespace:
     """pretrain_gpt.py's arguments for ``spec`` under a layout, as its parser derives them."""
     argv = [
         *spec.flags(),
-        "--tensor-model-parallel-size",
-        str(tp),
-        "--pipeline-model-parallel-size",
-        str(pp),
+        *layout_flags(spec, tp=tp, pp=pp, vpp=vpp, ep=ep),
         "--seq-length",
         str(min(spec.max_position_embeddings, 4096)),
         "--micro-batch-size",
@@ -62,8 +59,6 @@ def trainer_args(
         "--lr",
         "0",
     ]
-    if vpp:
-        argv += ["--num-layers-per-virtual-pipeline-stage", str(spec.num_layers // (pp * vpp))]
     # world size: $WORLD_SIZE under torchrun, else 1 (the converter's own process)
     args = parse_args([*argv, *extra], check_paths=False)
     args.padded_vocab_size = spec.padded_vocab_size  # the tokenizer's count padded for the target TP
@@ -200,20 +195,37 @@ def megatron_to_hf(
     dtype = getattr(torch, spec.dtype)  # the model keeps some tensors (norm scales) in fp32 under --bf16
     start, done = time.monotonic(), 0
     for piece, entries in _pieces(model).items():
-        wanted = {}
+        # per checkpoint key: (layer offset, target); per name: (key, expert index or None)
+        targets: dict[str, tuple[tuple[int, ...], torch.Tensor]] = {}
+        of: dict[str, tuple[str, int | None]] = {}
         for name, entry in entries.items():
             if name in by_name:
-                at = (int(name.split(".")[2]),) if name.startswith("decoder.layers.") else ()
-                if reader.shape(entry.key, len(at)) != tuple(params[name].shape):
+                expert = _expert_of(name)
+                at = (int(name.split(".")[2]),) if layer_stacked(entry.key) else ()
+                shape = tuple(params[name].shape)
+                if expert is not None:  # one tensor of the layer's experts on a leading expert axis
+                    shape = (spec.moe.num_experts, *shape)
+                if reader.shape(entry.key, len(at)) != shape:
                     raise RuntimeError(
                         f"{directory}: {entry.key} is {reader.shape(entry.key, len(at))} per layer, "
-                        f"the model's {name} is {tuple(params[name].shape)}"
+                        f"the model's {name} is {shape}"
                     )
-                wanted[name] = (entry.key, at, torch.empty(params[name].shape, dtype=params[name].dtype))
-        reader.load({key: (at, target) for key, at, target in wanted.values()})
-        for name, (_, _, target) in wanted.items():
+                if entry.key not in targets:
+                    targets[entry.key] = (at, torch.empty(shape, dtype=params[name].dtype))
+                of[name] = (entry.key, expert)
+        reader.load(targets)
+        for name, (key, expert) in of.items():
+            target = targets[key][1]
             with torch.no_grad():
-                tensors = by_name[name].to_hf(target)
+                tensors = by_name[name].to_hf(target if expert is None else target[expert])
             yield from zip(by_name[name].hf, [t.to(dtype) for t in tensors], strict=True)
             done += 1
         progress(f"  {piece}: {done}/{len(by_name)} tensors ({time.monotonic() - start:.0f} s)")
+
+
+def _expert_of(name: str) -> int | None:
+    """The (global) expert index of a SequentialMLP expert's tensor, from its state-dict name."""
+    parts = name.split(".")
+    if "local_experts" not in parts:
+        return None
+    return int(parts[parts.index("local_experts") + 1])

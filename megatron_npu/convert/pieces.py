@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 METADATA = ".metadata"
-Place = tuple[tuple[int, ...], tuple[int, ...]]  # (global shape, offset on the stacked axes)
+Place = tuple[tuple[int, ...], tuple[int, ...]]  # (global shape, offset on the layer axis)
 
 
 class Pieces:
@@ -49,15 +49,15 @@ class Pieces:
         places: dict[str, Place] = {}
 
         def stack_of_one(entry: object) -> object:
-            if not isinstance(entry, ShardedTensor) or not entry.prepend_axis_num:
+            # the layer axis only: a piece holds all of its layer's experts (the expert axis, whole)
+            if not isinstance(entry, ShardedTensor) or not layer_stacked(entry.key):
                 return entry
-            p = entry.prepend_axis_num
-            places[entry.key] = (entry.global_shape, entry.global_offset[:p])
+            places[entry.key] = (entry.global_shape, entry.global_offset[:1])
             return replace(
                 entry,
-                global_shape=(1,) * p + entry.global_shape[p:],
-                global_offset=(0,) * p + entry.global_offset[p:],
-                axis_fragmentations=(1,) * p + entry.axis_fragmentations[p:],
+                global_shape=(1, *entry.global_shape[1:]),
+                global_offset=(0, *entry.global_offset[1:]),
+                axis_fragmentations=(1, *entry.axis_fragmentations[1:]),
             )
 
         apply_factories(sharded_state_dict)  # SwiGLU's fc1: its two halves, as ShardedTensors
@@ -100,6 +100,14 @@ class Pieces:
             pickle.dump(merged, f)
         os.replace(os.path.join(directory, METADATA + ".tmp"), os.path.join(directory, METADATA))
         shutil.rmtree(self.staging)
+
+
+def layer_stacked(key: str) -> bool:
+    """Whether ``key`` is one tensor of every layer on a leading layer axis: megatron-core stacks
+    the layers of a homogeneous block (``decoder.layers.mlp...``); a block of dense and MoE layers
+    (``--moe-layer-freq`` other than 1) keys each layer on its own (``decoder.layers.3.mlp...``)."""
+    parts = key.split(".")
+    return key.startswith("decoder.layers.") and not parts[2].isdigit()
 
 
 def _moved(offsets: torch.Size, at: tuple[int, ...]) -> torch.Size:

@@ -56,13 +56,36 @@ CONFIGS = {
     ),
     # learned positions, LayerNorm with biases, Conv1D weights, tied embeddings
     "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=4, n_head=4),
+    # per-head q/k RMSNorm (--qk-layernorm), head_dim apart from hidden/heads, tied embeddings
+    "qwen3": lambda: transformers.Qwen3Config(
+        **COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True
+    ),
+    # experts with a dense layer between (--moe-layer-freq: each layer keyed on its own), top-k of a
+    # softmax over all experts, not renormalised (--moe-router-pre-softmax)
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+        **COMMON,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        mlp_only_layers=[1],
+    ),
+    # every layer MoE (experts stacked over layers), renormalised top-2
+    "mixtral": lambda: transformers.MixtralConfig(
+        **COMMON, num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2
+    ),
 }
+MOE = ["qwen3_moe", "mixtral"]
 # Qwen2.5's vocabulary in small: 300 rows, a 200-token tokenizer. No power of two pads 200 to 300,
 # so Megatron-LM's 128 x TP2 gives 256 rows: the 44 past them are cut and must come back.
 CUT_VOCAB = lambda: transformers.Qwen2Config(  # noqa: E731
     **{**COMMON, "vocab_size": 300}, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6
 )
-LAYOUTS = [[1, 1, None], [2, 2, None], [1, 2, 2]]  # (TP, PP, VPP) on 4 ranks
+# (TP, PP, VPP, EP) on 4 ranks; VPP for LLaMA, EP (TP2 x EP2 with SP) for the MoE families
+LAYOUTS = [[1, 1, None, 1], [2, 2, None, 1], [1, 2, 2, 1], [2, 1, None, 2]]
 # The training document; every sample pretrain_gpt.py reads is it plus its first token.
 DOCUMENT = np.random.default_rng(1).integers(0, VOCAB - 8, SEQ).astype(np.uint16)
 SAMPLE = torch.from_numpy(np.append(DOCUMENT, DOCUMENT[0]).astype(np.int64))
@@ -98,6 +121,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
             "back": str(root / family / "back"),
             "expected": str(root / family / "expected.pt"),
         }
+        if family in MOE:  # converted for (and its printed flags those of) TP2 x EP2 with SP
+            cases[family]["convert"] = ["--tp", "2", "--ep", "2"]
         if family == "llama":  # bf16 weights too (the model keeps its norm scales in fp32)
             model.to(torch.bfloat16).save_pretrained(root / "llama-bf16" / "hf")
             bf16 = {k: str(root / "llama-bf16" / k) for k in ("hf", "megatron", "back")}
@@ -106,7 +131,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
     cut = {k: str(root / "qwen2-cut" / k) for k in ("hf", "megatron", "back")}
     cases_file = root / "cases.json"
     roundtrip_only = {"llama-bf16": bf16, "qwen2-cut": cut}
-    everything = {"models": cases, "layouts": LAYOUTS, "vpp_models": ["llama"], "roundtrip_only": roundtrip_only}
+    everything = {
+        "models": cases,
+        "layouts": LAYOUTS,
+        "vpp_models": ["llama"],
+        "moe_models": MOE,
+        "roundtrip_only": roundtrip_only,
+    }
     cases_file.write_text(json.dumps(everything))
     roundtrip = run([sys.executable, str(ROOT / "tests/fixtures/convert_roundtrip.py"), str(cases_file)]).check()
     roundtrip_results = {r["model"]: r for r in roundtrip.results()}
@@ -131,7 +162,8 @@ def test_round_trip_gives_the_same_bits(models: dict) -> None:
 
 
 def _hf_logits(model_dir: str | Path, tokens: torch.Tensor, work: Path) -> torch.Tensor:
-    """transformers' from_pretrained + forward, in a process without the patch layer."""
+    """transformers' from_pretrained + forward, in a process without the patch layer; it loads
+    with no missing, unexpected or mismatched keys."""
     torch.save({"tokens": tokens}, work / "tokens.pt")
     run(
         [
@@ -142,7 +174,9 @@ def _hf_logits(model_dir: str | Path, tokens: torch.Tensor, work: Path) -> torch
             str(work / "logits.pt"),
         ]
     ).check()
-    return torch.load(work / "logits.pt")
+    out = torch.load(work / "logits.pt")
+    assert out["loading"] == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}, out["loading"]
+    return out["logits"]
 
 
 @pytest.mark.launch
@@ -157,7 +191,12 @@ def test_logits_equal_transformers_under_every_layout(models: dict) -> None:
     job = torchrun(ROOT / "tests/fixtures/convert_logits.py", str(models["file"]), nproc=4).check()
     results = job.results()
     seen = {(r["model"], tuple(r["layout"].values())) for r in results}
-    wanted = {(f, tuple(layout)) for f in CONFIGS for layout in LAYOUTS if layout[2] is None or f == "llama"}
+    wanted = {
+        (f, tuple(layout))
+        for f in CONFIGS
+        for layout in LAYOUTS
+        if (layout[2] is None or f == "llama") and (layout[3] == 1 or f in MOE)
+    }
     assert seen == wanted
     worst = max(results, key=lambda r: r["rel"])
     assert worst["rel"] < 1e-5, worst
@@ -224,6 +263,53 @@ def test_pretrain_continues_from_a_converted_llama_and_exports_back(models: dict
     trained = _loss(_hf_logits(exported, SAMPLE[None, :-1], tmp_path)[0])
     assert trained == pytest.approx(validation, rel=1e-4)
     assert trained != pytest.approx(first, rel=1e-3)  # it did train
+
+
+def _same_bits(before: Path, after: Path) -> tuple[int, list[str]]:
+    """(tensors of ``before``, names whose key, dtype, shape or bits ``after`` does not give back)."""
+    from safetensors.torch import load_file
+
+    a, b = load_file(before / "model.safetensors"), load_file(after / "model.safetensors")
+    differ = [
+        k
+        for k in a
+        if k not in b or a[k].dtype != b[k].dtype or not a[k].view(torch.uint8).equal(b[k].view(torch.uint8))
+    ]
+    return len(a), sorted(differ + [k for k in b if k not in a])
+
+
+# each new family on its hardest layout, with the flags `convert to-megatron` printed for it
+PRETRAIN_LAYOUTS = {"qwen3": [], "qwen3_moe": [], "mixtral": ["--moe-token-dispatcher-type", "alltoall"]}
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("family", list(PRETRAIN_LAYOUTS))
+def test_pretrain_first_loss_equals_transformers_and_a_save_exports_the_same_bits(
+    models: dict, family: str, tmp_path: Path
+) -> None:
+    """One pretrain_gpt.py job per family (Qwen3 TP2 x PP2; the MoE families TP2 x EP2 with SP, their
+    experts as --moe-grouped-gemm, Mixtral's over the alltoall dispatcher): its first loss is
+    transformers' on the same tokens; 2 steps at lr 0, saved, exported: every HF tensor, bit for bit."""
+    case = models["cases"][family]
+    _identical_documents(tmp_path / "docs", DOCUMENT, 64)
+    flags = [
+        *printed_command(models["roundtrip"][family]["printed"]),
+        *PRETRAIN_LAYOUTS[family],
+        *["--data-path", str(tmp_path / "docs"), "--split", "100,0,0", "--eval-iters", "0"],
+        *["--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB - 1)],
+        *["--attention-dropout", "0", "--hidden-dropout", "0", "--seq-length", str(SEQ)],
+        *["--lr", "0", "--min-lr", "0", "--lr-warmup-iters", "0", "--train-iters", "2"],
+        *["--save", str(tmp_path / "saved"), "--save-interval", "2"],
+    ]
+    pretrain(tmp_path, *flags, nproc=4, mock_data=False).check()
+    losses = train_losses(tmp_path)
+    assert losses[1] == pytest.approx(models["sample_loss"][family], rel=1e-5)
+    assert losses[2] == pytest.approx(losses[1], rel=1e-6)  # lr 0: the weights did not move
+    exported = tmp_path / "exported"
+    cli = [sys.executable, "-m", "megatron_npu.cli", "convert", "to-hf", str(tmp_path / "saved"), str(exported)]
+    run([*cli, "--hf-config", case["hf"]]).check()
+    tensors, differ = _same_bits(Path(case["hf"]), exported)
+    assert tensors > 4 * 6 and differ == [], differ
 
 
 @pytest.mark.launch
