@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import sys
+from datetime import timedelta
 from typing import Any
 
 from .accelerator import DEVICE_ENVVAR, get_accelerator
@@ -41,7 +42,23 @@ def foreign_environment(environ: dict[str, str] | None = None) -> list[dict[str,
     return rows
 
 
-def collect() -> dict[str, Any]:
+#: Megatron-LM's --distributed-timeout-minutes default
+DEFAULT_TIMEOUT_MINUTES = 10
+
+
+def collective_timeouts(accelerator: Any, minutes: float, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The timeouts a rank runs with: the process group's, and the collective library's own variables
+    (the accelerator's collective_timeout_environment): exported by the user, else set from the flag."""
+    environ = dict(os.environ if environ is None else environ)
+    from_flag = accelerator.collective_timeout_environment(timedelta(minutes=minutes), {})
+    variables = {
+        name: {"value": environ.get(name, value), "source": "exported" if name in environ else "flag"}
+        for name, value in from_flag.items()
+    }
+    return {"distributed_timeout_minutes": minutes, "variables": variables}
+
+
+def collect(timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> dict[str, Any]:
     """The doctor's findings as a JSON-ready dict."""
 
     accelerator = get_accelerator()
@@ -93,6 +110,7 @@ def collect() -> dict[str, Any]:
         "device_count": 0 if accelerator.runs_on_host else accelerator.device_count(),
         "visible_devices": {accelerator.visible_devices_envvar: visible},
         "fused_ops": accelerator.fused_ops(),
+        "timeouts": collective_timeouts(accelerator, timeout_minutes),
         "environment": environment,
         "versions": versions,
         "patches": patch_rows,
@@ -187,6 +205,7 @@ def render(report: dict[str, Any], patches_only: bool = False) -> str:
             f"backend  : {report['backend']}",
             "versions : " + ", ".join(f"{k}={v}" for k, v in report["versions"].items() if v),
             "fused ops: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["fused_ops"].items()),
+            render_timeouts(report["timeouts"]),
         ]
         for row in report["environment"]:
             on_ascend = (
@@ -211,6 +230,16 @@ def render(report: dict[str, Any], patches_only: bool = False) -> str:
     lines += [f"warning  : {warning}" for warning in report["warnings"]]
     lines += [f"error    : {error}" for error in report["errors"]]
     return "\n".join(lines)
+
+
+def render_timeouts(timeouts: dict[str, Any]) -> str:
+    minutes = timeouts["distributed_timeout_minutes"]
+    flag = f"--distributed-timeout-minutes {minutes:g}"
+    said = {"exported": "exported", "flag": f"from {flag}"}
+    own = [f"{name}={row['value']} s ({said[row['source']]})" for name, row in timeouts["variables"].items()]
+    return f"timeouts : process groups {minutes:g} min ({flag}); " + (
+        ", ".join(own) if own else "the collective library waits on the process groups' timeout alone"
+    )
 
 
 def render_patches(report: dict[str, Any]) -> list[str]:
@@ -239,9 +268,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="megatron-npu doctor", description=__doc__)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--patches", action="store_true", help="list the patches only")
+    parser.add_argument(
+        "--distributed-timeout-minutes",
+        type=float,
+        default=DEFAULT_TIMEOUT_MINUTES,
+        help="the run's flag: the collective timeouts shown are those a rank of that run gets",
+    )
     args = parser.parse_args(argv)
     with contextlib.redirect_stdout(sys.stderr):  # modules imported to look targets up may print: keep stdout JSON
-        report = collect()
+        report = collect(args.distributed_timeout_minutes)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
