@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +33,16 @@ from ..policy import (
 )
 from .fsdp_args import add_fsdp_args
 from .moe_args import add_moe_args
-from .sections import ModelSection, add_section_arguments
+from .sections import (
+    CheckpointSection,
+    DataSection,
+    LoggingSection,
+    ModelSection,
+    OptimizerSection,
+    ProfilingSection,
+    ScheduleSection,
+    add_section_arguments,
+)
 from .settings import Settings
 from .validation import validate_args
 
@@ -70,49 +78,11 @@ def _add_network_size_args(p: argparse.ArgumentParser) -> None:
     add_section_arguments(p, ModelSection, "network size")
 
 
-def _add_regularization_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(title="regularization")
-    g.add_argument("--weight-decay", type=float, default=0.01, help="Weight decay coefficient.")
-    g.add_argument("--start-weight-decay", type=float, help="Initial weight decay coefficient.")
-    g.add_argument("--end-weight-decay", type=float, help="End of run weight decay coefficient.")
-    g.add_argument(
-        "--weight-decay-incr-style",
-        type=str,
-        default="constant",
-        choices=["constant", "linear", "cosine"],
-        help="Weight decay increment function.",
-    )
-    g.add_argument("--clip-grad", type=float, default=1.0, help="Gradient clipping on global L2 norm.")
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.999)
-    g.add_argument("--adam-eps", type=float, default=1e-08)
-    g.add_argument("--sgd-momentum", type=float, default=0.9, help="Momentum factor for sgd.")
-
-
 def _add_training_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(title="training")
-    g.add_argument("--micro-batch-size", type=int, default=None, help="Batch size per model instance.")
+    # deprecated: validation refuses them and removes them from the settings
     g.add_argument("--batch-size", type=int, default=None, help="Old batch size parameter, do not use.")
-    g.add_argument(
-        "--global-batch-size",
-        type=int,
-        default=None,
-        help="Training batch size; micro-batch-size * data-parallel-size if not given.",
-    )
-    g.add_argument(
-        "--rampup-batch-size",
-        nargs="*",
-        default=None,
-        help="<start batch size> <batch size increment> <ramp-up samples>.",
-    )
-    g.add_argument(
-        "--step-batch-size-schedule",
-        nargs="+",
-        default=None,
-        metavar="ITER:GBS",
-        help=_EXT + "Step changes of the global batch size, e.g. '0:32 1000:64' "
-        "(iteration-based training; parsed into a list of (iteration, global batch size)).",
-    )
+    g.add_argument("--warmup", type=int, default=None, help="Old lr warmup argument, do not use.")
     g.add_argument(
         "--recompute-activations", action="store_true", help="Recompute activations (selective granularity)."
     )
@@ -136,19 +106,6 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--no-clone-scatter-output-in-embedding", action="store_false", dest="clone_scatter_output_in_embedding"
     )
-    g.add_argument("--profile", action="store_true", help="Enable profiling between the profile steps.")
-    g.add_argument("--profile-step-start", type=int, default=10, help="Global step to start profiling.")
-    g.add_argument("--profile-step-end", type=int, default=12, help="Global step to stop profiling.")
-    g.add_argument("--iterations-to-skip", nargs="+", type=int, default=[])
-    g.add_argument(
-        "--use-pytorch-profiler",
-        action="store_true",
-        dest="use_pytorch_profiler",
-        help="Use the built-in pytorch profiler.",
-    )
-    g.add_argument("--profile-ranks", nargs="+", type=int, default=[0], help="Global ranks to profile.")
-    g.add_argument("--record-memory-history", action="store_true", default=False)
-    g.add_argument("--memory-snapshot-path", type=str, default="snapshot.pickle")
     g.add_argument("--use-cpu-initialization", action="store_true", default=None, help="Initialize weights on the CPU.")
     g.add_argument("--empty-unused-memory-level", default=0, type=int, choices=[0, 1, 2])
     g.add_argument("--deterministic-mode", action="store_true")
@@ -156,19 +113,6 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--calculate-per-token-loss", action="store_true")
     g.add_argument("--train-sync-interval", type=int, default=None)
     g.add_argument("--checkpoint-activations", action="store_true", help="Deprecated; do not use.")
-    g.add_argument("--train-iters", type=int, default=None, help="Total number of iterations to train.")
-    g.add_argument("--train-samples", type=int, default=None, help="Total number of samples to train.")
-    g.add_argument("--log-interval", type=int, default=100, help="Report loss and timing interval.")
-    g.add_argument("--exit-interval", type=int, default=None)
-    g.add_argument("--exit-duration-in-mins", type=int, default=None)
-    g.add_argument("--exit-signal-handler", action="store_true")
-    g.add_argument(
-        "--exit-signal",
-        type=_signal_named,
-        default=signal.SIGTERM,
-        help="The signal --exit-signal-handler acts on, by name (default: SIGTERM).",
-    )
-    g.add_argument("--tensorboard-dir", type=str, default=None)
     g.add_argument("--no-masked-softmax-fusion", action="store_false", dest="masked_softmax_fusion")
     g.add_argument("--no-bias-gelu-fusion", action="store_false", dest="bias_gelu_fusion")
     g.add_argument("--no-bias-swiglu-fusion", action="store_false", dest="bias_swiglu_fusion")
@@ -182,8 +126,6 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--cross-entropy-loss-fusion", action="store_true", dest="cross_entropy_loss_fusion")
     g.add_argument("--use-flash-attn", action="store_true", help="Use a flash attention kernel.")
-    g.add_argument("--optimizer", type=str, default="adam", choices=["adam", "sgd"])
-    g.add_argument("--dataloader-type", type=str, default=None, choices=["single", "cyclic", "external"])
     g.add_argument(
         "--no-async-tensor-model-parallel-allreduce",
         "--disable-async-tensor-model-parallel-allreduce",
@@ -211,101 +153,11 @@ def _add_initialization_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data-parallel-random-init", action="store_true")
 
 
-def _add_learning_rate_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(title="learning rate")
-    g.add_argument("--lr", type=float, default=None, help="Initial (peak) learning rate.")
-    g.add_argument(
-        "--lr-decay-style",
-        type=str,
-        default="linear",
-        choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
-    )
-    g.add_argument("--lr-wsd-decay-style", type=str, default="exponential", choices=["exponential", "linear", "cosine"])
-    g.add_argument("--lr-decay-iters", type=int, default=None)
-    g.add_argument("--lr-decay-samples", type=int, default=None)
-    g.add_argument("--lr-wsd-decay-samples", type=int, default=None)
-    g.add_argument("--lr-wsd-decay-iters", type=int, default=None)
-    g.add_argument("--lr-warmup-fraction", type=float, default=None)
-    g.add_argument("--lr-warmup-iters", type=int, default=0)
-    g.add_argument("--lr-warmup-samples", type=int, default=0)
-    g.add_argument("--lr-warmup-init", type=float, default=0.0)
-    g.add_argument("--warmup", type=int, default=None, help="Old lr warmup argument, do not use.")
-    g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument(
-        "--override-opt_param-scheduler",
-        "--override-opt-param-scheduler",
-        action="store_true",
-        dest="override_opt_param_scheduler",
-    )
-    g.add_argument(
-        "--use-checkpoint-opt_param-scheduler",
-        "--use-checkpoint-opt-param-scheduler",
-        action="store_true",
-        dest="use_checkpoint_opt_param_scheduler",
-    )
-    g.add_argument("--decoupled-lr", type=float, default=None)
-    g.add_argument("--decoupled-min-lr", type=float, default=None)
-
-
-def _add_checkpointing_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(title="checkpointing")
-    g.add_argument("--save", type=str, default=None, help="Output directory to save checkpoints to.")
-    g.add_argument("--save-interval", "--persistent-save-interval", type=int, default=None, dest="save_interval")
-    g.add_argument("--save-retain-interval", type=int, default=None)
-    g.add_argument("--no-save-optim", action="store_true", default=None)
-    g.add_argument("--no-save-rng", action="store_true", default=None)
-    g.add_argument("--load", type=str, default=None, help="Directory containing a model checkpoint.")
-    g.add_argument("--no-load-optim", action="store_true", default=None)
-    g.add_argument("--no-load-rng", action="store_true", default=None)
-    g.add_argument("--finetune", action="store_true")
-    g.add_argument("--pretrained-checkpoint", type=str, default=None)
-    g.add_argument("--ckpt-step", type=int, default=None)
-    g.add_argument("--no-initialization", action="store_false", dest="perform_initialization")
-    g.add_argument("--use-checkpoint-args", action="store_true")
-    g.add_argument("--use-mp-args-from-checkpoint-args", action="store_true")
-    g.add_argument("--exit-on-missing-checkpoint", action="store_true")
-    g.add_argument(
-        "--use-dist-ckpt", action="store_true", dest="use_dist_ckpt_deprecated", help="Deprecated: see --ckpt-format."
-    )
-    g.add_argument("--auto-detect-ckpt-format", action="store_true")
-    g.add_argument("--dist-ckpt-format", dest="dist_ckpt_format_deprecated", help="Deprecated: see --ckpt-format.")
-    g.add_argument(
-        "--ckpt-format",
-        default="torch_dist",
-        choices=["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"],
-        help="Checkpoint format: torch_dist, or fsdp_dtensor under --use-megatron-fsdp.",
-    )
-    g.add_argument("--ckpt-fully-parallel-save", action="store_true", dest="ckpt_fully_parallel_save_deprecated")
-    g.add_argument("--no-ckpt-fully-parallel-save", action="store_false", dest="ckpt_fully_parallel_save")
-    g.add_argument("--ckpt-fully-parallel-load", action="store_true")
-    g.add_argument("--ckpt-assume-constant-structure", action="store_true")
-    g.add_argument(
-        "--dist-ckpt-strictness",
-        type=str,
-        default="assume_ok_unexpected",
-        choices=[
-            "assume_ok_unexpected",
-            "log_unexpected",
-            "log_all",
-            "raise_unexpected",
-            "raise_all",
-            "return_unexpected",
-            "return_all",
-            "ignore_all",
-        ],
-    )
-
-
 def _add_mixed_precision_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(title="mixed precision")
     g.add_argument("--fp16", action="store_true", help="Run model in fp16 mode.")
     g.add_argument("--bf16", action="store_true", help="Run model in bfloat16 mode.")
     g.add_argument("--grad-reduce-in-bf16", action="store_true", help="Reduce gradients in bfloat16.")
-    g.add_argument("--loss-scale", type=float, default=None, help="Static loss scale; dynamic if not given.")
-    g.add_argument("--initial-loss-scale", type=float, default=2**32)
-    g.add_argument("--min-loss-scale", type=float, default=1.0)
-    g.add_argument("--loss-scale-window", type=float, default=1000)
-    g.add_argument("--hysteresis", type=int, default=2)
     g.add_argument("--fp32-residual-connection", action="store_true")
     g.add_argument("--apply-query-key-layer-scaling", action="store_true")
     g.add_argument("--attention-softmax-in-fp32", action="store_true")
@@ -378,88 +230,11 @@ def _add_distributed_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cuda-graph-impl", type=str, default="none", choices=["none", "local", "transformer_engine"])
 
 
-def _add_validation_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(title="validation")
-    g.add_argument("--eval-iters", type=int, default=100)
-    g.add_argument("--eval-interval", type=int, default=1000)
-    g.add_argument("--skip-train", action="store_true", default=False)
-
-
-def _add_data_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(title="data and dataloader")
-    g.add_argument(
-        "--data-path", nargs="*", default=None, help="A prefix, prefixes, or weight-prefix pairs (w1 p1 w2 p2)."
-    )
-    g.add_argument("--split", type=str, default=None, help="e.g. 969,30,1 (the default with --data-path).")
-    g.add_argument("--train-data-path", nargs="*", default=None)
-    g.add_argument("--valid-data-path", nargs="*", default=None)
-    g.add_argument("--test-data-path", nargs="*", default=None)
-    g.add_argument("--data-cache-path", default=None)
-    g.add_argument("--no-mmap-bin-files", action="store_false", dest="mmap_bin_files")
-    g.add_argument("--mock-data", action="store_true")
-    g.add_argument("--seq-length", type=int, default=None, help="Maximum sequence length to process.")
-    g.add_argument("--num-workers", type=int, default=2, help="Dataloader number of workers.")
-    g.add_argument("--reset-position-ids", action="store_true")
-    g.add_argument("--reset-attention-mask", action="store_true")
-    g.add_argument("--eod-mask-loss", action="store_true")
-    g.add_argument(
-        "--no-create-attention-mask-in-dataloader", action="store_false", dest="create_attention_mask_in_dataloader"
-    )
-    g.add_argument("--num-dataset-builder-threads", type=int, default=1)
-    g.add_argument(
-        "--data-loader-delay-ms",
-        type=float,
-        default=0.0,
-        help=_EXT + "test only: sleep this long per batch to simulate a slow data loader.",
-    )
-
-
 def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
     # Megatron-LM core_v0.16.1's tokenizer flags, shared with preprocessing (as upstream shares them)
     from megatron_npu.data.tokenizers import add_tokenizer_args
 
     add_tokenizer_args(p.add_argument_group(title="tokenizer"))
-
-
-def _add_logging_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(title="logging")
-    g.add_argument("--log-params-norm", action="store_true")
-    g.add_argument("--log-num-zeros-in-grad", action="store_true")
-    g.add_argument("--log-throughput", action="store_true")
-    g.add_argument("--log-progress", action="store_true")
-    g.add_argument("--timing-log-level", type=int, default=0, choices=range(0, 3))
-    g.add_argument("--log-energy", action="store_true")
-    g.add_argument("--no-barrier-with-level-1-timing", action="store_false", dest="barrier_with_L1_time")
-    g.add_argument("--timing-log-option", type=str, default="minmax", choices=["max", "minmax", "all"])
-    g.add_argument(
-        "--memory-report",
-        action="store_true",
-        help=_EXT + "write each rank's measured bytes (params, grads, optimizer, saved activations) of the "
-        "first step, with the memory model's prediction, to LOG_DIR/memory/",
-    )
-    g.add_argument("--tensorboard-log-interval", type=int, default=1)
-    g.add_argument("--tensorboard-queue-size", type=int, default=1000)
-    g.add_argument("--log-timers-to-tensorboard", action="store_true")
-    g.add_argument(
-        "--no-log-loss-scale-to-tensorboard",
-        "--disable-log-loss-scale-to-tensorboard",
-        action="store_false",
-        dest="log_loss_scale_to_tensorboard",
-    )
-    g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true")
-    g.add_argument("--log-memory-to-tensorboard", action="store_true")
-    g.add_argument("--log-world-size-to-tensorboard", action="store_true")
-    g.add_argument("--wandb-project", type=str, default=None)
-    g.add_argument("--wandb-exp-name", type=str, default=None)
-    g.add_argument("--wandb-save-dir", type=str, default=None)
-    g.add_argument("--wandb-entity", type=str, default=None)
-    g.add_argument("--logging-level", type=int, default=None)
-    g.add_argument(
-        "--log-dir",
-        type=str,
-        default=None,
-        help=_EXT + "directory for the timers JSON and layout.json (the trainer picks one if not given).",
-    )
 
 
 def _add_misc_args(p: argparse.ArgumentParser) -> None:
@@ -484,28 +259,21 @@ def _add_no_effect_args(p: argparse.ArgumentParser) -> None:
         g.add_argument(row.flag, dest=dest, **row.accepted.argparse_kwargs())
 
 
-def _signal_named(name: str) -> signal.Signals:
-    try:
-        return signal.Signals[name]
-    except KeyError:
-        raise argparse.ArgumentTypeError(f"{name!r} is not a signal name (e.g. SIGTERM, SIGUSR1)") from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Megatron-LM's GPT argument parser (groups as in megatron/training/arguments.py)."""
     p = _Parser(description="megatron-npu pretrain_gpt.py (Megatron-LM arguments)", allow_abbrev=False)
     _add_network_size_args(p)
-    _add_regularization_args(p)
+    add_section_arguments(p, OptimizerSection, "optimizer")
+    add_section_arguments(p, ScheduleSection, "schedule")
     _add_training_args(p)
     _add_initialization_args(p)
-    _add_learning_rate_args(p)
-    _add_checkpointing_args(p)
+    add_section_arguments(p, CheckpointSection, "checkpointing")
     _add_mixed_precision_args(p)
     _add_distributed_args(p)
-    _add_validation_args(p)
-    _add_data_args(p)
+    add_section_arguments(p, DataSection, "data and dataloader")
     _add_tokenizer_args(p)
-    _add_logging_args(p)
+    add_section_arguments(p, LoggingSection, "logging")
+    add_section_arguments(p, ProfilingSection, "profiling")
     _add_misc_args(p)
     add_moe_args(p)
     add_fsdp_args(p)

@@ -25,37 +25,12 @@ from megatron_npu.compat import parallel_state  # megatron-core's; vp_stage on 0
 from megatron_npu.training.run_state import RunState
 
 
-def global_batch_size_at(args: argparse.Namespace, iteration: int) -> int:
-    """The global batch of 1-based ``iteration`` under ``--step-batch-size-schedule``."""
-    size = args.global_batch_size
-    for start, scheduled in args.step_batch_size_schedule or ():
-        if iteration - 1 >= start:
-            size = scheduled
-    return size
-
-
-def total_iterations(args: argparse.Namespace) -> int:
-    """--train-iters, or the iterations --train-samples takes (with the batch-size ramp-up)."""
-    if args.train_iters:
-        return args.train_iters
-    if not args.rampup_batch_size:
-        return args.train_samples // args.global_batch_size
-    start, increment, ramp_samples = (int(v) for v in args.rampup_batch_size)
-    increments = (args.global_batch_size - start) // increment
-    per_increment = ramp_samples / increments if increments else float("inf")
-    consumed = iterations = 0
-    while consumed < args.train_samples:  # megatron-core's RampupBatchsizeNumMicroBatchesCalculator
-        consumed += min(args.global_batch_size, start + int(consumed / per_increment) * increment)
-        iterations += 1
-    return iterations
-
-
 def train_valid_test_num_samples(args: argparse.Namespace) -> list[int]:
     """Megatron-LM's sample counts: eval runs every eval_interval, plus once at the end."""
     if args.train_samples:
         train_samples = args.train_samples
     else:
-        train_samples = sum(global_batch_size_at(args, i) for i in range(1, args.train_iters + 1))
+        train_samples = sum(args.schedule.global_batch_size_at(i) for i in range(1, args.train_iters + 1))
     eval_runs = (args.train_iters // args.eval_interval + 1) if args.train_iters else 1
     eval_samples = eval_runs * args.eval_iters * args.global_batch_size
     return [train_samples, eval_samples, args.eval_iters * args.global_batch_size]

@@ -20,7 +20,6 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
 
 from megatron_npu.accelerator import get_accelerator
-from megatron_npu.training.data import global_batch_size_at
 
 
 def initialize_distributed(args: argparse.Namespace) -> None:
@@ -46,7 +45,7 @@ def initialize_distributed(args: argparse.Namespace) -> None:
     )
     # args.rank and args.world_size were read from torchrun's environment at validation: the same values
     rampup = [int(value) for value in args.rampup_batch_size] if args.rampup_batch_size else None
-    first_batch = global_batch_size_at(args, 1)
+    first_batch = args.schedule.global_batch_size_at(1)
     init_num_microbatches_calculator(args.rank, rampup, first_batch, args.micro_batch_size, args.parallel.dp)
 
 

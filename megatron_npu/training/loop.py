@@ -11,7 +11,6 @@ the other ranks of the node, the collective timeout the others.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -49,8 +48,6 @@ def setup_args(
     args = parse_args(argv, extra_args_provider=extra_args_provider, args_defaults=args_defaults)
     tokenizer, args.padded_vocab_size = training_tokenizer(args)
     check_dataset_tokenizer(args, tokenizer)  # a dataset from another tokenizer: one message, before any work
-    if args.log_dir is None:
-        args.log_dir = args.tensorboard_dir or (os.path.join(args.save, "logs") if args.save else None)
     return args.freeze(), tokenizer
 
 
@@ -140,6 +137,7 @@ def _run(
     if state.exit_reason:  # as Megatron-LM: an exit condition ends the job once the checkpoint is saved
         return _teardown()
     final_evaluation(
+        args,
         trainer.validator,
         valid_iterators if has_validation and not args.skip_train else None,
         test_iterators if has_test else None,
@@ -147,10 +145,12 @@ def _run(
     return _teardown()
 
 
-def final_evaluation(validator: Validator, valid_iterators: list | None, test_iterators: list | None) -> None:
+def final_evaluation(
+    args: Settings, validator: Validator, valid_iterators: list | None, test_iterators: list | None
+) -> None:
     """After training: the validation split once more, and the test split once (as Megatron-LM)."""
     iteration = validator.state.iteration
-    metrics = MetricsWriter(validator.args, dist.get_rank() == dist.get_world_size() - 1)
+    metrics = MetricsWriter(args, dist.get_rank() == dist.get_world_size() - 1)
     if valid_iterators is not None:
         validator.run(valid_iterators, f"at iteration {iteration} on validation set", metrics)
     if test_iterators is not None:

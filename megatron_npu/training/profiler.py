@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Any
 
@@ -10,6 +9,7 @@ import torch.distributed as dist
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.training.global_vars import print_rank_0
+from megatron_npu.training.sections import ProfilingSection
 
 
 class StepProfiler:
@@ -17,10 +17,10 @@ class StepProfiler:
     iterations [profile_step_start, profile_step_end) on ``--profile-ranks``; a Chrome trace
     per rank in LOG_DIR/profile/ (chrome://tracing, Perfetto)."""
 
-    def __init__(self, args: argparse.Namespace):
-        self.enabled = bool(args.profile) and dist.get_rank() in args.profile_ranks and args.log_dir is not None
-        self.start, self.end = args.profile_step_start, args.profile_step_end
-        self.path = os.path.join(args.log_dir or ".", "profile", f"rank{dist.get_rank():05d}.json")
+    def __init__(self, profiling: ProfilingSection, log_dir: str | None):
+        self.enabled = profiling.profile and dist.get_rank() in profiling.profile_ranks and log_dir is not None
+        self.start, self.end = profiling.profile_step_start, profiling.profile_step_end
+        self.path = os.path.join(log_dir or ".", "profile", f"rank{dist.get_rank():05d}.json")
         self._profiler: Any = None
 
     def before(self, iteration: int) -> None:

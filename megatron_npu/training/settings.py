@@ -7,7 +7,8 @@ exists, and every value that changes during the run lives in ``RunState`` (run_s
 layout and the model's shape are typed members owning their rules: ``settings.parallel``
 (``ParallelDims``: degrees, micro-batches, interleaving) and ``settings.model_shape``
 (``ModelShape``); the flags themselves are typed, frozen sections (``sections/``) that components
-take instead of the namespace: ``settings.model`` (``ModelSection``).
+take instead of the namespace: ``settings.model``, ``.data``, ``.optim``, ``.schedule``, ``.checkpoint``,
+``.logging``, ``.profiling`` (``SECTION_TYPES``), built by validation from the validated values.
 """
 
 from __future__ import annotations
@@ -15,10 +16,20 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from .sections import (
+    CheckpointSection,
+    DataSection,
+    LoggingSection,
+    ModelSection,
+    OptimizerSection,
+    ProfilingSection,
+    ScheduleSection,
+    Section,
+)
+
 if TYPE_CHECKING:
     from ..layout.model_shape import ModelShape
     from ..layout.parallel_dims import ParallelDims
-    from .sections import ModelSection
 
 
 class FrozenSettingsError(AttributeError):
@@ -31,6 +42,12 @@ class Settings(argparse.Namespace):
     parallel: ParallelDims
     model_shape: ModelShape
     model: ModelSection
+    data: DataSection
+    optim: OptimizerSection  # not ``optimizer``: args.optimizer is Megatron-LM's --optimizer ("adam")
+    schedule: ScheduleSection
+    checkpoint: CheckpointSection
+    logging: LoggingSection
+    profiling: ProfilingSection
 
     def freeze(self) -> Settings:
         object.__setattr__(self, "_frozen", True)
@@ -68,5 +85,14 @@ class Settings(argparse.Namespace):
 
 
 # Not flags: the lock, and the typed members (derived from the flags, rebuilt from them on load).
-SECTIONS = ("model",)
+SECTION_TYPES: dict[str, type[Section]] = {
+    "model": ModelSection,
+    "data": DataSection,
+    "optim": OptimizerSection,
+    "schedule": ScheduleSection,
+    "checkpoint": CheckpointSection,
+    "logging": LoggingSection,
+    "profiling": ProfilingSection,
+}
+SECTIONS = tuple(SECTION_TYPES)
 _NOT_FLAGS = frozenset({"_frozen", "parallel", "model_shape", *SECTIONS})

@@ -5,7 +5,6 @@ only; what the loop advances is ``RunState``."""
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +12,6 @@ from typing import Any
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.training.batch_schedule import BatchSizeSchedule
 from megatron_npu.training.checkpointer import Checkpointer
-from megatron_npu.training.data import total_iterations
 from megatron_npu.training.evaluation import Validator
 from megatron_npu.training.exit_policy import ExitPolicy
 from megatron_npu.training.faults import FaultPlan
@@ -22,6 +20,7 @@ from megatron_npu.training.memory_report import reported_step
 from megatron_npu.training.metrics import StepRecord, TrainingMetrics
 from megatron_npu.training.profiler import StepProfiler
 from megatron_npu.training.run_state import RunState
+from megatron_npu.training.settings import Settings
 from megatron_npu.training.step import TrainStep
 
 
@@ -30,7 +29,7 @@ class Trainer:
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        settings: Settings,
         state: RunState,
         model: list,
         optimizer: Any,
@@ -38,14 +37,16 @@ class Trainer:
         forward_step: Callable,
         timers: Any,
     ) -> None:
-        self.args, self.state = args, state
+        # the composition root: each component gets its own sections (the step, the checkpointer, the
+        # metrics and the exit policy still read the flat settings)
+        self.args, self.state = settings, state
         self.faults = FaultPlan.from_env()
-        self.step = TrainStep(args, state, model, optimizer, scheduler, forward_step, timers)
-        self.checkpointer = Checkpointer(args, state, model, optimizer, scheduler, self.faults)
-        self.validator = Validator(args, state, self.step)
-        self.batch_schedule = BatchSizeSchedule(args, state)
-        self.profiler = StepProfiler(args)
-        self.train_iters = total_iterations(args)
+        self.step = TrainStep(settings, state, model, optimizer, scheduler, forward_step, timers)
+        self.checkpointer = Checkpointer(settings, state, model, optimizer, scheduler, self.faults)
+        self.validator = Validator(settings.schedule, settings.parallel, state, self.step)
+        self.batch_schedule = BatchSizeSchedule(settings.schedule, settings.parallel, state, settings.rank)
+        self.profiler = StepProfiler(settings.profiling, settings.logging.log_dir)
+        self.train_iters = settings.schedule.total_iterations()
 
     def train(self, train_iterators: list, valid_iterators: list | None) -> None:
         """Steps until --train-iters (or an exit condition), with evaluations and saves between them."""

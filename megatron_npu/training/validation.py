@@ -20,7 +20,8 @@ from .data_checks import check_indexed_dataset
 from .fsdp_args import check_fsdp_args
 from .model_args import check_model_family_args
 from .moe_args import check_moe_args
-from .sections.model import REQUIRED_POSITIVE, ModelSection, check_required_positive
+from .sections.model import REQUIRED_POSITIVE, check_required_positive
+from .settings import SECTION_TYPES
 
 T = TypeVar("T")
 
@@ -123,13 +124,21 @@ def validate_args(
     _check_layout(args, world_size, shape)
     if check_paths:
         _check_paths(args)
+    _derive_log_dir(args)
     _build_sections(args)
     return args
 
 
+def _derive_log_dir(args: argparse.Namespace) -> None:
+    """The timers JSON, layout.json and metrics.jsonl go to --log-dir, else --tensorboard-dir, else SAVE/logs."""
+    if args.log_dir is None:
+        args.log_dir = args.tensorboard_dir or (os.path.join(args.save, "logs") if args.save else None)
+
+
 def _build_sections(args: argparse.Namespace) -> None:
     """The typed sections, from the validated values (each section checks its own invariants)."""
-    args.model = ModelSection.from_values(args)
+    for name, section in SECTION_TYPES.items():
+        setattr(args, name, section.from_values(args))
 
 
 def _check_unsupported(args: argparse.Namespace) -> None:

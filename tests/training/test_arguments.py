@@ -804,17 +804,17 @@ def test_known_flags_and_parser_groups():
     titles = {g.title for g in arguments.build_parser()._action_groups}
     assert {
         "network size",
-        "regularization",
+        "optimizer",
+        "schedule",
         "training",
         "initialization",
-        "learning rate",
         "checkpointing",
         "mixed precision",
         "distributed",
-        "validation",
         "data and dataloader",
         "tokenizer",
         "logging",
+        "profiling",
     } <= titles
     assert arguments.build_parser().allow_abbrev is False
     for flag in ("--log-dir", "--data-loader-delay-ms", "--step-batch-size-schedule"):

@@ -6,6 +6,25 @@ Megatron-LM's flat ``args.<dest>`` view; components take their own section, not 
 """
 
 from .base import EXTENSION, Section, add_section_arguments, field_docs, flag_fields
+from .checkpoint import CheckpointSection
+from .data import DataSection
+from .logs import LoggingSection
 from .model import ModelSection
+from .optimizer import OptimizerSection
+from .profiling import ProfilingSection
+from .schedule import ScheduleSection
 
-__all__ = ["EXTENSION", "ModelSection", "Section", "add_section_arguments", "field_docs", "flag_fields"]
+__all__ = [
+    "EXTENSION",
+    "CheckpointSection",
+    "DataSection",
+    "LoggingSection",
+    "ModelSection",
+    "OptimizerSection",
+    "ProfilingSection",
+    "ScheduleSection",
+    "Section",
+    "add_section_arguments",
+    "field_docs",
+    "flag_fields",
+]
