@@ -17,6 +17,7 @@ Flags (``FLAG_POLICY``, one ``FlagPolicy`` per flag or ``--prefix*`` pattern):
            exists on CUDA, the model's math is the same without it
   ask      refuse the migration unless --force, which drops it (the math would change: fp8)
   rewrite  replace the value ``rewrite`` names (``"old=new"``)
+  replace  replace the flag and its value by the flag ``rewrite`` names, for the values in ``allowed``
   note     keep it, with a note saying what runs on Ascend
   ""       copy it; migrate's flag check then reports the trainer's outcome
 
@@ -33,7 +34,7 @@ Outcome = Literal["refused", "ignored", "mapped"]
 #: "device": impossible on Ascend in any trainer (upstream Megatron-LM's too);
 #: "trainer": this project's trainer does not have it (Megatron-LM's own may).
 Scope = Literal["device", "trainer"]
-MigrateAction = Literal["drop", "ask", "rewrite", "note", ""]
+MigrateAction = Literal["drop", "ask", "rewrite", "replace", "note", ""]
 EnvAction = Literal["rename", "convert", "comment", "keep"]
 
 
@@ -82,7 +83,7 @@ class FlagPolicy:
     migrate: MigrateAction = ""
     #: migrate's rule name (reports, ``--list-rules``); "" for rows migrate copies.
     name: str = ""
-    rewrite: str = ""  # migrate="rewrite": "old=new"
+    rewrite: str = ""  # migrate="rewrite": "old=new"; migrate="replace": the flag given instead
     takes_value: bool = False  # migrate drops the flag's value with it
     scope: Scope = "trainer"
     #: ignored: how the trainer's parser accepts the flag, where no other argument defines it
@@ -118,9 +119,18 @@ class EnvPolicy:
     action: EnvAction
     to: str
     reason: str
+    #: rename: the counterpart's valid integer values (low, high, step); a value outside is brought into them
+    valid: tuple[int, int, int] | None = None
 
     def matches(self, variable: str) -> bool:
         return fnmatch.fnmatchcase(variable, self.match)
+
+    def in_range(self, value: int) -> int:
+        """``value`` brought into ``valid``: clamped, then down to a multiple of the step."""
+        if self.valid is None:
+            return value
+        low, high, step = self.valid
+        return max(low, min(high, value)) // step * step
 
 
 # The --tokenizer-type values megatron_npu.data.tokenizers.build_tokenizer implements: those
@@ -532,7 +542,17 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     _ignored("--manual-gc", _GC),
     _ignored("--manual-gc-interval", _GC),
     _ignored("--no-manual-gc-eval", _GC),
-    _ignored("--attention-backend", "the local transformer implementation picks the attention kernel for the device"),
+    FlagPolicy(
+        "--attention-backend",
+        "ignored",
+        "this trainer's attention is its local one, fused (npu_fusion_attention on NPU) under --use-flash-attn; "
+        "`megatron-npu migrate` rewrites --attention-backend fused / flash to it",
+        allowed=("fused", "flash"),
+        migrate="replace",
+        name="attention-backend",
+        rewrite="--use-flash-attn",
+        takes_value=True,
+    ),
     _ignored(
         "--use-checkpoint-args", "model arguments are not read back from the checkpoint; pass them on the command line"
     ),
@@ -621,6 +641,41 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     _ignored("--log-device-memory-used", "device memory through nvidia-smi is CUDA-only", _TRUE),
     _ignored("--log-max-attention-logit", "the largest attention logit is not computed", _TRUE),
     _ignored("--log-memory-interval", "memory is not reported at an interval", _takes(int)),
+    # MindSpeed-LLM's fused-op switches (mindspeed_llm/training/arguments.py, _add_fusion_op_args): not
+    # Megatron-LM flags; here the fused kernel is chosen by the model's own flags, so migrate drops them.
+    *(
+        _device(flag, f"it is MindSpeed-LLM's switch; {why}", _DROP, migrate="drop", name=name)
+        for flag, name, why in (
+            ("--use-fused-rmsnorm", "ms-fused-rmsnorm", "--normalization RMSNorm runs as torch_npu.npu_rms_norm"),
+            (
+                "--use-fused-swiglu",
+                "ms-fused-swiglu",
+                "--swiglu runs as torch_npu.npu_swiglu (bias-SwiGLU fusion is on unless --no-bias-swiglu-fusion)",
+            ),
+            (
+                "--use-fused-rotary-pos-emb",
+                "ms-fused-rope",
+                "RoPE runs as torch_npu.npu_rotary_mul (RoPE fusion is on unless --no-rope-fusion)",
+            ),
+            (
+                "--use-fused-ring-attention-update",
+                "ms-fused-ring-update",
+                "context parallelism's ring merges blocks with torch_npu.npu_ring_attention_update",
+            ),
+            (
+                "--use-mc2",
+                "ms-mc2",
+                "MC2 (TP matmuls fused with their collectives) is not implemented here; TP communication runs as "
+                "HCCL collectives, the same math",
+            ),
+            (
+                "--use-fused-mlp",
+                "ms-fused-mlp",
+                "the fused MLP is not implemented here; the MLP runs as megatron-core's (SwiGLU as npu_swiglu), "
+                "the same math",
+            ),
+        )
+    ),
     # ---- mapped: honoured by the Ascend counterpart ------------------------------------
     FlagPolicy(
         "--distributed-backend",
@@ -697,9 +752,13 @@ ENV_POLICY: tuple[EnvPolicy, ...] = (
         "HCCL_BUFFSIZE",
         "HCCL_BUFFSIZE is MB per communicator where NCCL_BUFFSIZE is bytes",
     ),
-    EnvPolicy("ib-timeout", "NCCL_IB_TIMEOUT", "rename", "HCCL_RDMA_TIMEOUT", "RoCE retransmission timeout"),
-    EnvPolicy("ib-tc", "NCCL_IB_TC", "rename", "HCCL_RDMA_TC", "RoCE traffic class"),
-    EnvPolicy("ib-sl", "NCCL_IB_SL", "rename", "HCCL_RDMA_SL", "RoCE service level"),
+    # CANN's environment-variable reference, Atlas A2/A3: HCCL_RDMA_TIMEOUT in [5, 20] (4.096 us x 2^value, as
+    # NCCL_IB_TIMEOUT, whose range reaches 31), HCCL_RDMA_TC a multiple of 4 in [0, 255], HCCL_RDMA_SL in [0, 7].
+    EnvPolicy(
+        "ib-timeout", "NCCL_IB_TIMEOUT", "rename", "HCCL_RDMA_TIMEOUT", "RoCE retransmission timeout", (5, 20, 1)
+    ),
+    EnvPolicy("ib-tc", "NCCL_IB_TC", "rename", "HCCL_RDMA_TC", "RoCE traffic class", (0, 255, 4)),
+    EnvPolicy("ib-sl", "NCCL_IB_SL", "rename", "HCCL_RDMA_SL", "RoCE service level", (0, 7, 1)),
     EnvPolicy(
         "nccl-debug",
         "NCCL_DEBUG*",

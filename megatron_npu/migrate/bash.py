@@ -78,6 +78,20 @@ def _cut(code: str, start: int, end: int) -> str:
     return before.rstrip(" \t") + stripped
 
 
+def _with_own_quotes(code: str, start: int, end: int) -> tuple[int, int]:
+    """The span widened to its quotes when it is a whole quoted word (``"--fp8-format hybrid"``, an array
+    element in Megatron-LM's example scripts): removing the flag then leaves no empty ``""`` word."""
+    if 0 < start and end < len(code) and code[start - 1] in "\"'" and code[end] == code[start - 1]:
+        if (start == 1 or code[start - 2] in " \t(") and (end + 1 == len(code) or code[end + 1] in " \t)"):
+            return start - 1, end + 1
+    return start, end
+
+
+def _replace_flag(code: str, start: int, end: int, replacement: str) -> str:
+    """``--flag value`` -> ``replacement`` (inside a quoted word too)."""
+    return code[:start] + replacement + code[end:]
+
+
 def rewrite_flags(code: str, lineno: int, force: bool, res: Result, device_wide_only: bool = False) -> str:
     pos = 0
     while True:
@@ -103,6 +117,10 @@ def rewrite_flags(code: str, lineno: int, force: bool, res: Result, device_wide_
                 code = code[:vstart] + quoted + new + quoted + code[vend:]
                 res.changes.append(Change(lineno, None, None, rule.name, rule.reason))
                 pos = vstart + len(new)
+        elif rule.action == "replace":
+            code = _replace_flag(code, m.start(), vend, rule.to)
+            res.changes.append(Change(lineno, None, None, rule.name, rule.reason))
+            pos = m.start() + len(rule.to)
         elif rule.action in ("remove", "refuse"):
             end = vend if rule.takes_value else m.end()
             text = code[m.start() : end]
@@ -111,7 +129,8 @@ def rewrite_flags(code: str, lineno: int, force: bool, res: Result, device_wide_
                 continue
             if rule.action == "refuse":
                 res.forced.append(Finding(lineno, text, "dropped under --force: " + rule.reason, rule.name))
-            code = _cut(code, m.start(), end)
+            start, end = _with_own_quotes(code, m.start(), end)
+            code = _cut(code, start, end)
             res.changes.append(
                 Change(
                     lineno,
@@ -137,6 +156,27 @@ _ENTRY_DONE = ("${MEGATRON_NPU_DIR}/pretrain_gpt.py", "$MEGATRON_NPU_DIR/pretrai
 def _buffsize_mb(value: str) -> str | None:
     raw = value.strip("\"'")
     return str(max(1, int(raw) // (1 << 20))) if raw.isdigit() else None
+
+
+def _into_range(code: str, rule: Rule, reason: str) -> tuple[str, str]:
+    """The renamed variable's literal values (``X=22``, ``X=${X:-22}``) brought into its valid range; the
+    reason says what changed, so the report shows it."""
+    assert rule.env is not None and rule.env.valid is not None
+    low, high, step = rule.env.valid
+    said = f"{low}-{high}" + (f", a multiple of {step}" if step > 1 else "")
+    name = re.escape(rule.to)
+    value = re.compile(rf"(\b{name}=[\"']?(?:\$\{{{name}:?-)?)(\d+)")
+    notes: list[str] = []
+
+    def fix(m: re.Match) -> str:
+        given = int(m.group(2))
+        fixed = rule.env.in_range(given)  # type: ignore[union-attr]
+        if fixed != given:
+            notes.append(f"{given} -> {fixed}: {rule.to} takes {said} on Atlas A2/A3")
+        return m.group(1) + str(fixed)
+
+    code = value.sub(fix, code)
+    return code, reason + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def rewrite_env(code: str, lineno: int, res: Result) -> tuple[str, bool]:
@@ -167,6 +207,8 @@ def rewrite_env(code: str, lineno: int, res: Result) -> tuple[str, bool]:
                             rule.name,
                         )
                     )
+            if rule.env is not None and rule.env.valid is not None:
+                new_code, reason = _into_range(new_code, rule, reason)
             code = new_code
             res.changes.append(Change(lineno, None, None, rule.name, reason))
         elif rule.action == "comment":
@@ -202,6 +244,9 @@ def keep_entry(code: str, lineno: int, res: Result) -> str:
 
 
 def rewrite_entry(code: str, lineno: int, res: Result) -> str:
+    if re.match(r"\s*(echo|printf)\s", code):
+        return code  # a message that names the script, not a launch
+
     def sub(m: re.Match) -> str:
         if m.group(1) in _ENTRY_DONE:
             return m.group(1)

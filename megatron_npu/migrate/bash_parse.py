@@ -171,7 +171,8 @@ def expand(s: str, env: dict[str, str | list[str]]) -> str:
         v = env.get(m.group(1) or m.group(4))
         if v is None:
             return expand(m.group(3), env) if m.group(3) is not None else m.group(0)
-        return shlex.join(v) if isinstance(v, list) else v
+        # unquoted ${A[@]}: bash splits each element into words, so "--data-path $DATA" is a flag and its value
+        return " ".join(v) if isinstance(v, list) else v
 
     def arith(m: re.Match) -> str:
         inner = _VAR_RE.sub(var, m.group(1))
@@ -209,10 +210,97 @@ _SCALAR_RE = re.compile(
 )
 
 
+_IF_RE = re.compile(r"\s*(el)?if\s+(.+?)\s*;?\s*then\s*")
+_ELSE_RE = re.compile(r"\s*else\s*")
+_FI_RE = re.compile(r"\s*fi\s*;?\s*")
+_TEST_RE = re.compile(r"(!\s+)?(?:\[\[(.*?)\]\]|\[\s(.*?)\s\])")
+
+
+def _test_value(test: str, env: dict[str, str | list[str]]) -> bool | None:
+    """A ``[[ ... ]]`` / ``[ ... ]`` string test (==, =, !=, -z, -n) on expanded values, or None."""
+    words = _words(expand(test, env))
+    if any("$" in w for w in words):
+        return None  # a value the expander could not resolve
+    if len(words) == 3 and words[1] in ("==", "=", "!="):
+        return (words[0] == words[2]) != (words[1] == "!=")
+    if len(words) == 2 and words[0] in ("-z", "-n"):
+        return (words[1] == "") == (words[0] == "-z")
+    if len(words) == 1:
+        return words[0] != ""
+    return None
+
+
+def condition_value(condition: str, env: dict[str, str | list[str]]) -> bool | None:
+    """An ``if`` condition of string tests joined by ``||`` / ``&&`` (left to right, as bash), or None when
+    it is anything else (a command, a file test): the caller then follows the ``then`` branch."""
+    parts = re.split(r"\s*(\|\||&&)\s*", condition.strip())
+    value: bool | None = None
+    for i in range(0, len(parts), 2):
+        m = _TEST_RE.fullmatch(parts[i])
+        if not m:
+            return None
+        test = _test_value(m.group(2) if m.group(2) is not None else m.group(3), env)
+        if test is None:
+            return None
+        test = test != bool(m.group(1))
+        value = test if i == 0 else (value or test) if parts[i - 1] == "||" else (value and test)
+    return value
+
+
+@dataclass
+class _Branch:
+    outer_active: bool  # the enclosing code runs
+    taken: bool = False  # an earlier branch of this if ran
+    active: bool = False  # this branch runs
+
+
+def _follow_branch(stmt: str, stack: list[_Branch], env: dict[str, str | list[str]]) -> bool:
+    """Track if / elif / else / fi; True when ``stmt`` was one of them. A script usually builds its flags in
+    branches on its own defaults (mock data or real, fp8 or not): only the branch bash would take counts."""
+    active = not stack or stack[-1].active
+    m = _IF_RE.fullmatch(stmt)
+    if m and not m.group(1):
+        value = condition_value(m.group(2), env) if active else False
+        branch = _Branch(active, taken=bool(value) if value is not None else True)
+        branch.active = active and (value is None or value)
+        stack.append(branch)
+        return True
+    if not stack:
+        return False
+    top = stack[-1]
+    if m:  # elif
+        value = condition_value(m.group(2), env) if top.outer_active and not top.taken else False
+        top.active = top.outer_active and not top.taken and bool(value)
+        top.taken = top.taken or bool(value)
+        return True
+    if _ELSE_RE.fullmatch(stmt):
+        top.active, top.taken = top.outer_active and not top.taken, True
+        return True
+    if _FI_RE.fullmatch(stmt):
+        stack.pop()
+        return True
+    return False
+
+
+def _statements(text: str) -> list[tuple[int, str]]:
+    """logical_lines, with ``if ...; then`` split from a statement that follows it on the same line."""
+    out = []
+    for lineno, stmt in logical_lines(text):
+        m = re.fullmatch(r"(\s*(?:el)?if\s+.+?;\s*then)\s+(.+)", stmt)
+        if m and not re.search(r"\bfi\s*;?\s*$", stmt):
+            out += [(lineno, m.group(1)), (lineno, m.group(2))]
+        else:
+            out.append((lineno, stmt))
+    return out
+
+
 def find_launch(text: str) -> Launch | None:
     env: dict[str, str | list[str]] = {}
     found: Launch | None = None
-    for lineno, stmt in logical_lines(text):
+    branches: list[_Branch] = []
+    for lineno, stmt in _statements(text):
+        if _follow_branch(stmt, branches, env) or (branches and not branches[-1].active):
+            continue
         m = _ARRAY_RE.fullmatch(stmt)
         if m:
             items = _words(expand(m.group(3), env))

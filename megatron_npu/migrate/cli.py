@@ -10,8 +10,9 @@ nothing. The entry point becomes ``${MEGATRON_NPU_DIR}/pretrain_gpt.py``; the sc
 ``MEGATRON_NPU_DIR=${MEGATRON_NPU_DIR:-DIR}`` where DIR is --megatron-npu-dir (default: the
 checkout this package runs from), so the environment can still point it elsewhere.
 
-Exit status: 0 for "ok" / "ok-with-warnings", 1 for "refused" (fp8, a layout that cannot
-run; --force writes the output anyway, dropping fp8), 2 for bad input.
+Exit status: 0 when the migrated script would start; 1 when it would not (fp8 without --force,
+which drops it; a layout that cannot run; flags pretrain_gpt.py refuses), each reason named on
+stderr, the output written unless fp8 or (without --force) the layout refused it; 2 for bad input.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..cli import error
 from ..layout.cp_comm import placement_note
 from ..layout.parallel_dims import TRAINER_FLAGS, LayoutError, ParallelDims
 from ..policy import ConfigError, ignored_reason, refusal_for
@@ -33,6 +35,8 @@ from ..training import arguments
 from .bash import Finding, Result, migrate_bash
 from .bash_parse import find_launch
 from .rules import format_rules
+
+COMMAND = "migrate"
 
 DEFAULT_NPU_DIR = str(Path(__file__).resolve().parents[2])
 _PARALLEL = {
@@ -63,6 +67,19 @@ class Report:
     checks: dict[str, str] = field(default_factory=dict)
     errors: list[Finding] = field(default_factory=list)  # make the verdict "refused"
 
+    @property
+    def refused_flags(self) -> list[str]:
+        """The flags pretrain_gpt.py would refuse in the migrated launch (its parser or its validation)."""
+        flags = self.checks.get("flags", "")
+        if flags.startswith("not accepted: "):
+            return ["does not accept " + flags.removeprefix("not accepted: ")]
+        return ["refuses them: " + flags.removeprefix("rejected: ")] if flags.startswith("rejected") else []
+
+    @property
+    def starts(self) -> bool:
+        """Whether the migrated script would start: nothing refused, the layout and the trainer's flags pass."""
+        return not (self.result.refused or self.errors or self.refused_flags)
+
     def to_json(self) -> dict:
         r = self.result
         return {
@@ -70,6 +87,7 @@ class Report:
             "output": self.output,
             "kind": self.kind,
             "verdict": self.verdict,
+            "starts": self.starts,
             "changes": [c.to_json() for c in r.changes],
             "unsupported": [f.to_json() for f in r.unsupported],
             "refused": [f.to_json() for f in r.refused + self.errors],
@@ -341,7 +359,8 @@ def default_output(path: str) -> str:
 
 def summary(report: Report) -> str:
     r = report.result
-    lines = [f"{report.input} ({report.kind}) -> {report.output or '(not written)'}: {report.verdict}"]
+    starts = "" if report.starts else ", would not start"
+    lines = [f"{report.input} ({report.kind}) -> {report.output or '(not written)'}: {report.verdict}{starts}"]
     for c in r.changes:
         what = "deleted" if c.after is None else ("added " + c.after.strip() if c.before is None else c.after.strip())
         lines.append(f"  line {c.line:4} [{c.rule}] {what}  ({c.reason})")
@@ -394,16 +413,13 @@ def main(argv: list[str] | None = None) -> int:
         print(format_rules())
         return 0
     if not args.input:
-        print("megatron-npu migrate: give INPUT (or --list-rules)", file=sys.stderr)
-        return 2
+        return error(COMMAND, "give INPUT (or --list-rules)")
     if args.npus_per_node < 1:
-        print("megatron-npu migrate: --npus-per-node must be >= 1", file=sys.stderr)
-        return 2
+        return error(COMMAND, "--npus-per-node must be >= 1")
     try:
         text = Path(args.input).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        print(f"megatron-npu migrate: cannot read {args.input}: {exc}", file=sys.stderr)
-        return 2
+        return error(COMMAND, f"cannot read {args.input}: {exc.strerror if isinstance(exc, OSError) else exc}")
     kind = detect_kind(args.input, text) if args.kind == "auto" else args.kind
     try:
         report = migrate_text(
@@ -416,26 +432,23 @@ def main(argv: list[str] | None = None) -> int:
             keep_entry_point=args.keep_entry_point,
         )
     except InputError as exc:
-        print(f"megatron-npu migrate: {exc}", file=sys.stderr)
-        return 2
+        return error(COMMAND, str(exc))
     if report.verdict != "refused":
         report.output = args.output or default_output(args.input)
         Path(report.output).write_text(report.result.text, encoding="utf-8")
     if args.report:
         Path(args.report).write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report.to_json(), indent=2) if args.json else summary(report))
-    if report.verdict == "refused":
-        fp8 = [f.item for f in report.result.refused]
-        if fp8:
-            print(
-                f"megatron-npu migrate: refused: fp8 is not supported on the Ascend 910B: {', '.join(fp8)} "
-                "(--force drops them)",
-                file=sys.stderr,
-            )
-        for f in report.errors:
-            print(f"megatron-npu migrate: refused: {f.item}: {f.reason}", file=sys.stderr)
-        return 1
-    return 0
+    if report.starts:
+        return 0
+    fp8 = [f.item for f in report.result.refused]
+    if fp8:
+        error(COMMAND, f"fp8 is not supported on the Ascend 910B: {', '.join(fp8)} (--force drops them)")
+    for f in report.errors:
+        error(COMMAND, f"{f.item}: {f.reason}")
+    for flags in report.refused_flags:
+        error(COMMAND, f"the migrated script would not start: pretrain_gpt.py {flags}")
+    return 1
 
 
 if __name__ == "__main__":

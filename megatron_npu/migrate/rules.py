@@ -17,6 +17,8 @@ Actions:
            added when the script does not set them (no HCCL timeout: the trainer derives those
            from --distributed-timeout-minutes where the environment leaves them unset)
   value    flag: one value is replaced by another (``old=new``)
+  replace  flag: the flag and its value are replaced by another flag (``--attention-backend fused`` ->
+           ``--use-flash-attn``), for the values the rule names
   remove   flag: removed with its value (YAML: set to false/null); a value pretrain_gpt.py
            accepts (``allowed``) stays
   refuse   flag: the migration is refused unless --force, which removes it like ``remove``
@@ -28,7 +30,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from ..policy import ENV_POLICY, MIGRATED, FlagPolicy
+from ..policy import ENV_POLICY, MIGRATED, EnvPolicy, FlagPolicy
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class Rule:
     #: flag: the policy row holds for any trainer on Ascend (scope "device"), upstream
     #: Megatron-LM's included; the other rows are about this project's pretrain_gpt.py.
     device_wide: bool = False
+    #: env rename: the counterpart's valid values (policy.EnvPolicy.valid); None: any
+    env: EnvPolicy | None = None
 
     def matches(self, name: str) -> bool:
         return fnmatch.fnmatchcase(name, self.match)
@@ -61,7 +65,7 @@ class Rule:
 # What migrate does with a flag follows the trainer's policy (megatron_npu/policy.py):
 # a flag the trainer refuses is dropped (a CUDA-only optimisation: the math is the same),
 # or refused unless --force (fp8: the numerics would change); a mapped one gets a note.
-_FLAG_ACTIONS = {"drop": "remove", "ask": "refuse", "rewrite": "value", "note": "keep"}
+_FLAG_ACTIONS = {"drop": "remove", "ask": "refuse", "rewrite": "value", "replace": "replace", "note": "keep"}
 
 
 def _flag_rule(p: FlagPolicy) -> Rule:
@@ -74,7 +78,7 @@ def _flag_rule(p: FlagPolicy) -> Rule:
 
 
 RULES: list[Rule] = [
-    *(Rule(e.name, "env", e.match, e.action, e.to, e.reason) for e in ENV_POLICY),
+    *(Rule(e.name, "env", e.match, e.action, e.to, e.reason, env=e) for e in ENV_POLICY),
     *(_flag_rule(p) for p in MIGRATED),
     # ---- entry point --------------------------------------------------------------------
     Rule(

@@ -292,7 +292,8 @@ def test_yaml_fp8_refused(tmp_path):
     src.write_text("language_model:\n  num_layers: 4\n  fp8: hybrid  # Hopper\n  fp8_margin: 0\n")
     rc = cli.main([str(src), "-o", str(tmp_path / "o.yaml")])
     assert rc == 1 and not (tmp_path / "o.yaml").exists()
-    assert cli.main([str(src), "-o", str(tmp_path / "o.yaml"), "--force"]) == 0
+    # --force drops fp8 and writes the file; it still would not start (no hidden size): exit 1, named
+    assert cli.main([str(src), "-o", str(tmp_path / "o.yaml"), "--force"]) == 1
     assert (
         tmp_path / "o.yaml"
     ).read_text() == "language_model:\n  num_layers: 4\n  fp8: null  # Hopper\n  fp8_margin: null\n"
@@ -575,3 +576,137 @@ def test_context_parallel_and_fsdp_scripts_migrate_without_a_refusal():
     assert rep.verdict == "ok" and rep.layout["cp"] == 4
     (note,) = [n for n in rep.result.notes if n.item == "context parallel layout"]
     assert note.reason.startswith("TP 4 x CP 4 = 16 ranks do not fit in a node of 8")
+
+
+# ---- NVIDIA's own example style, MindSpeed-LLM's flags, value ranges, the exit status ------------------
+
+
+def nvidia_llama3_script() -> str:
+    """examples/llama/train_llama3_8b_h100_fp8.sh of Megatron-LM core_v0.16.1, as NVIDIA ships it."""
+    import tarfile
+
+    from megatron_lm_checkout import TARBALL
+
+    if not TARBALL.exists():
+        pytest.skip(f"{TARBALL} is not here")
+    with tarfile.open(TARBALL) as tar:
+        member = tar.extractfile("examples/llama/train_llama3_8b_h100_fp8.sh")
+        assert member is not None
+        return member.read().decode()
+
+
+def test_nvidias_llama3_fp8_example_reads_quoted_array_elements_and_its_own_branches(tmp_path, capsys):
+    """Array elements such as "--data-path $DATA_ARG" are a flag and its value; only the branch bash takes on
+    the script's own defaults (mock data, fp8) counts; --force leaves no empty "" element; fused attention."""
+    text = nvidia_llama3_script()
+    src = tmp_path / "train_llama3_8b_h100_fp8.sh"
+    src.write_text(text)
+    assert cli.main([str(src), "-o", str(tmp_path / "refused.sh")]) == 1  # fp8, named, nothing written
+    assert "fp8 is not supported" in capsys.readouterr().err and not (tmp_path / "refused.sh").exists()
+    rc, _, report, out = run(tmp_path, "", "--force", src=src)
+    migrated = out.read_text()
+    assert rc == 0 and report["starts"] and report["checks"]["flags"].startswith("ok"), report["checks"]
+    assert not [f for f in report["unsupported"] if "does not accept" in f["reason"]], report["unsupported"]
+    assert '""' not in migrated and "--fp8" not in migrated
+    assert_only_reported_lines_change(text, migrated, report)
+    bash_n(out)
+    launch = find_launch(migrated)
+    assert launch.args[launch.args.index("--tokenizer-type") + 1] == "NullTokenizer"  # one word each
+    assert "--mock-data" in launch.args and "--data-path" not in launch.args  # the MOCK defaults' branch
+    assert "--use-flash-attn" in launch.args and "--attention-backend" not in launch.args
+    (backend,) = [c for c in report["changes"] if c["rule"] == "attention-backend"]
+    assert backend["before"].strip() == "--attention-backend fused" and backend["after"].strip() == "--use-flash-attn"
+    # real data: the else branch, its quoted "--data-path $DATA_ARG" read as the flag and the value
+    real = text.replace('DATA_ARG=${4:-"MOCK"}', "DATA_ARG=/data/llama3_text_document").replace(
+        'TOKENIZER_ARG=${3:-"MOCK"}', "TOKENIZER_ARG=/models/llama3"
+    )
+    report = cli.migrate_text(real, "bash", force=True, npu_dir=NPU_DIR)
+    args = find_launch(report.result.text).args
+    assert args[args.index("--data-path") + 1] == "/data/llama3_text_document" and "--mock-data" not in args
+    assert args[args.index("--tokenizer-type") + 1] == "HuggingFaceTokenizer"
+    assert report.checks["flags"].startswith("ok") and report.starts
+
+
+def test_if_conditions_the_expander_evaluates():
+    from megatron_npu.migrate.bash_parse import condition_value
+
+    env = {"A": "MOCK", "B": "", "C": "x"}
+    assert condition_value('[[ "$A" == "MOCK" ]]', env) is True
+    assert condition_value('[[ "$A" == "MOCK" ]] && [[ -n "$B" ]]', env) is False
+    assert condition_value('[[ "$C" == "MOCK" ]] || [[ -z "$B" ]]', env) is True
+    assert condition_value('[ "$A" != "MOCK" ]', env) is False
+    assert condition_value('! [[ "$A" == "MOCK" ]]', env) is False
+    assert condition_value('[ ! -f "$A" ]', env) is None  # a file test: not evaluated
+    assert condition_value('[[ "$UNSET" == "x" ]]', env) is None
+    script = (
+        'MODE=${MODE:-b}\nif [[ "$MODE" == "a" ]]; then\n  X=(--num-layers 2)\nelif [[ "$MODE" == "b" ]]; then\n'
+        "  X=(--num-layers 4)\nelse\n  X=(--num-layers 8)\nfi\npython pretrain_gpt.py ${X[@]}\n"
+    )
+    assert find_launch(script).args == ["--num-layers", "4"]
+    unknown = "if [ -f /etc/x ]; then\n  X=(--num-layers 2)\nfi\npython pretrain_gpt.py ${X[@]}\n"
+    assert find_launch(unknown).args == ["--num-layers", "2"]  # a test it cannot evaluate: the then branch
+
+
+def test_mindspeed_llm_fused_op_flags_are_dropped_with_the_reason(tmp_path):
+    """MindSpeed-LLM's _add_fusion_op_args switches: the fused kernel follows the model's own flags here."""
+    from megatron_npu.policy import ConfigError
+    from megatron_npu.training.arguments import parse_args
+
+    mindspeed = [
+        "--use-fused-rmsnorm",
+        "--use-fused-swiglu",
+        "--use-fused-rotary-pos-emb",
+        "--use-fused-ring-attention-update",
+        "--use-mc2",
+        "--use-fused-mlp",
+    ]
+    model = (
+        "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+        "--micro-batch-size 1 --global-batch-size 8 --train-iters 10 --lr 1e-4 --mock-data "
+        "--tokenizer-type NullTokenizer --vocab-size 1024 --normalization RMSNorm --swiglu --use-flash-attn"
+    )
+    script = "ARGS=(\n" + "".join(f"    {flag}\n" for flag in mindspeed) + ")\n"
+    script += f"torchrun --nproc_per_node 8 pretrain_gpt.py {model} ${{ARGS[@]}}\n"
+    src = tmp_path / "mindspeed.sh"
+    src.write_text(script)
+    rc, _, report, out = run(tmp_path, "", src=src)
+    assert rc == 0 and report["starts"] and report["verdict"] == "ok", report
+    dropped = {c["before"].strip(): c["reason"] for c in report["changes"] if c["rule"].startswith("ms-")}
+    assert sorted(dropped) == sorted(mindspeed)
+    assert all(reason.startswith("it is MindSpeed-LLM's switch; ") for reason in dropped.values())
+    assert "npu_rms_norm" in dropped["--use-fused-rmsnorm"] and "npu_swiglu" in dropped["--use-fused-swiglu"]
+    assert not any(flag in out.read_text() for flag in mindspeed)
+    with pytest.raises(ConfigError, match="--use-fused-rmsnorm is not supported: it is MindSpeed-LLM's switch"):
+        parse_args([*model.split(), "--use-fused-rmsnorm"], world_size=1, check_paths=False)
+
+
+def test_environment_values_are_brought_into_the_counterparts_range():
+    text = (
+        "export NCCL_IB_TIMEOUT=22\nexport NCCL_IB_TC=106\nexport NCCL_IB_SL=3\n"
+        "export NCCL_IB_TIMEOUT=${NCCL_IB_TIMEOUT:-23}\nexport NCCL_IB_TIMEOUT=19\n"
+    )
+    report = cli.migrate_text(text, "bash", npu_dir=NPU_DIR)
+    assert report.result.text.split("\n")[:5] == [
+        "export HCCL_RDMA_TIMEOUT=20",
+        "export HCCL_RDMA_TC=104",
+        "export HCCL_RDMA_SL=3",
+        "export HCCL_RDMA_TIMEOUT=${HCCL_RDMA_TIMEOUT:-20}",
+        "export HCCL_RDMA_TIMEOUT=19",
+    ]
+    reasons = [c.reason for c in report.result.changes]
+    assert "22 -> 20: HCCL_RDMA_TIMEOUT takes 5-20 on Atlas A2/A3" in reasons[0]
+    assert "106 -> 104: HCCL_RDMA_TC takes 0-255, a multiple of 4" in reasons[1]
+    assert "->" not in reasons[2] and "->" not in reasons[4]
+
+
+def test_the_exit_status_says_whether_the_migrated_script_would_start(tmp_path, capsys):
+    src = tmp_path / "bad.sh"
+    src.write_text("torchrun --nproc_per_node 1 pretrain_gpt.py --num-layers 2 --bogus-flag 3\n")
+    rc, _, report, out = run(tmp_path, "", src=src)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and not report["starts"] and out.exists()  # written, so the user can fix it
+    assert err == [
+        "megatron-npu migrate: error: the migrated script would not start: pretrain_gpt.py does not accept --bogus-flag"
+    ]
+    assert cli.main([str(tmp_path / "missing.sh")]) == 2
+    assert capsys.readouterr().err.startswith("megatron-npu migrate: error: cannot read ")
