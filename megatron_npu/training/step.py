@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -13,8 +12,10 @@ from megatron.core import parallel_state
 from megatron.core.num_microbatches_calculator import get_num_microbatches
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from megatron_npu.layout.parallel_dims import ParallelDims
 from megatron_npu.training.faults import check_forward_step, non_finite_grad
 from megatron_npu.training.run_state import RunState
+from megatron_npu.training.sections import DataSection, ScheduleSection
 
 
 @dataclasses.dataclass
@@ -72,18 +73,23 @@ class TrainStep:
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        data: DataSection,
+        batches: ScheduleSection,
+        parallel: ParallelDims,
         state: RunState,
         model: list,
         optimizer: Any,
         scheduler: Any,
         forward_step: Callable,
         timers: Any,
+        *,
+        check_for_nan: bool,
     ) -> None:
-        self.args, self.state = args, state
+        self.state = state
+        self.seq_length, self.micro_batch_size, self.dp = data.seq_length, batches.micro_batch_size, parallel.dp
         self.model, self.optimizer, self.scheduler, self.timers = model, optimizer, scheduler, timers
         self.forward_step = forward_step
-        if args.check_for_nan_in_loss_and_grad:
+        if check_for_nan:
             self.forward_step = check_forward_step(forward_step, lambda: state.iteration)
         self.schedule = get_forward_backward_func()
 
@@ -97,9 +103,9 @@ class TrainStep:
             data_iterator=self._iterator(iterators),
             model=self.model,
             num_microbatches=num_microbatches,
-            seq_length=self.args.seq_length,
-            micro_batch_size=self.args.micro_batch_size,
-            decoder_seq_length=self.args.seq_length,
+            seq_length=self.seq_length,
+            micro_batch_size=self.micro_batch_size,
+            decoder_seq_length=self.seq_length,
             forward_only=forward_only,
         )
 
@@ -120,5 +126,5 @@ class TrainStep:
         updated, grad_norm, num_zeros = self.optimizer.step()
         self.timers("optimizer").stop()
         if updated:  # the scheduler counts samples
-            self.scheduler.step(increment=num_microbatches * self.args.micro_batch_size * self.args.parallel.dp)
+            self.scheduler.step(increment=num_microbatches * self.micro_batch_size * self.dp)
         return StepResult(mean_over_microbatches(reports), updated, grad_norm, num_zeros, num_microbatches)

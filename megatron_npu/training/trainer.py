@@ -37,11 +37,22 @@ class Trainer:
         forward_step: Callable,
         timers: Any,
     ) -> None:
-        # the composition root: each component gets its own sections (the step, the checkpointer, the
-        # metrics and the exit policy still read the flat settings)
+        # the composition root: each component gets its own sections (the checkpointer, the metrics
+        # and the exit policy still read the flat settings)
         self.args, self.state = settings, state
         self.faults = FaultPlan.from_env()
-        self.step = TrainStep(settings, state, model, optimizer, scheduler, forward_step, timers)
+        self.step = TrainStep(
+            settings.data,
+            settings.schedule,
+            settings.parallel,
+            state,
+            model,
+            optimizer,
+            scheduler,
+            forward_step,
+            timers,
+            check_for_nan=settings.check_for_nan_in_loss_and_grad,
+        )
         self.checkpointer = Checkpointer(settings, state, model, optimizer, scheduler, self.faults)
         self.validator = Validator(settings.schedule, settings.parallel, state, self.step)
         self.batch_schedule = BatchSizeSchedule(settings.schedule, settings.parallel, state, settings.rank)
@@ -58,6 +69,7 @@ class Trainer:
                 metrics.write(self.train_one_step(train_iterators, metrics))
                 if valid_iterators is not None and self.validator.due(state.iteration):
                     self.validator.run(valid_iterators, f"at iteration {state.iteration}", metrics.writer)
+                self.checkpointer.publish_finished()
                 if self.checkpointer.due(state.iteration):
                     self.checkpointer.save()
                 metrics.end_of_iteration()

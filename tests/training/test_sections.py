@@ -90,3 +90,23 @@ def test_a_model_section_built_by_hand_checks_what_the_trainer_checks():
 def test_a_mutable_default_is_refused():
     with pytest.raises(TypeError, match="immutable"):
         sections.base.spec([1])
+
+
+def test_components_are_built_from_their_sections_alone():
+    """The validator, the step-schedule and the iteration count from a ScheduleSection and a layout, no namespace."""
+    from megatron_npu.layout.parallel_dims import ParallelDims
+    from megatron_npu.training.evaluation import Validator
+    from megatron_npu.training.run_state import RunState
+
+    schedule = sections.ScheduleSection(
+        micro_batch_size=2, global_batch_size=16, train_iters=10, eval_interval=4, eval_iters=2
+    )
+    validator = Validator(schedule, ParallelDims(world_size=4, tp=2), RunState(), step=None)  # type: ignore[arg-type]
+    assert validator.num_microbatches == 4  # 16 / (2 x DP 2)
+    assert [i for i in range(1, 11) if validator.due(i)] == [4, 8]
+    stepped = schedule.replace(step_batch_size_schedule=((0, 8), (3, 16)))
+    assert [stepped.global_batch_size_at(i) for i in range(1, 6)] == [8, 8, 8, 16, 16]
+    assert schedule.total_iterations() == 10
+    # --train-samples with a ramp-up (8 samples per increment): 4, 4, 8, 12, 16, 16, 16 as megatron-core counts them
+    ramped = schedule.replace(train_iters=None, train_samples=72, rampup_batch_size=("4", "4", "24"))
+    assert ramped.total_iterations() == 7
