@@ -110,6 +110,7 @@ def collect(timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> dict[str, Any]:
         "device_count": 0 if accelerator.runs_on_host else accelerator.device_count(),
         "visible_devices": {accelerator.visible_devices_envvar: visible},
         "fused_ops": accelerator.fused_ops(),
+        "fused_attention": fused_attention_report(),
         "timeouts": collective_timeouts(accelerator, timeout_minutes),
         "environment": environment,
         "versions": versions,
@@ -197,6 +198,14 @@ def megatron_lm_report(patch_rows: list[dict[str, Any]]) -> dict[str, Any]:
     return report
 
 
+def fused_attention_report() -> dict[str, Any]:
+    """What --use-flash-attn runs on the device's fused attention, and what falls back to megatron-core's
+    unfused math (with why): ops/attention.py's lists."""
+    from megatron_npu.ops.attention import FUSED_ATTENTION_COVERS, FUSED_ATTENTION_FALLS_BACK
+
+    return {"covers": list(FUSED_ATTENTION_COVERS), "falls_back": dict(FUSED_ATTENTION_FALLS_BACK)}
+
+
 def render(report: dict[str, Any], patches_only: bool = False) -> str:
     lines = []
     if not patches_only:
@@ -205,6 +214,11 @@ def render(report: dict[str, Any], patches_only: bool = False) -> str:
             f"backend  : {report['backend']}",
             "versions : " + ", ".join(f"{k}={v}" for k, v in report["versions"].items() if v),
             "fused ops: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in report["fused_ops"].items()),
+            "fused attention (--use-flash-attn): " + "; ".join(report["fused_attention"]["covers"]),
+            *(
+                f"  falls back to megatron-core's math: {what} ({why})"
+                for what, why in report["fused_attention"]["falls_back"].items()
+            ),
             render_timeouts(report["timeouts"]),
         ]
         for row in report["environment"]:

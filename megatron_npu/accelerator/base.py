@@ -289,8 +289,9 @@ class Accelerator(abc.ABC):
         megatron_npu/ops/fused.py):
         ``"rms_norm"``: (x, weight, eps) -> y;  ``"swiglu"``: (x) -> silu(x1) * x2 over the last
         dim's halves;  ``"rotary"``: (t, cos, sin) -> t * cos + rotate_half(t) * sin (half-split);
-        ``"flash_attention"``: (query [sq, b, np, hn], key, value [sk, b, ng, hn], *,
-        softmax_scale, dropout_p) -> causal attention [sq, b, np * hn];  ``"grouped_matmul"``:
+        ``"flash_attention"``: (query [sq, b, np, hn], key [sk, b, ng, hn], value [sk, b, ng, hv], *,
+        softmax_scale, dropout_p, attention_mask (True = masked, [b, 1, sq, sk]) or None, window (left,
+        right) or None) -> attention [sq, b, np * hv], causal when neither is given;  ``"grouped_matmul"``:
         (x [m, k], weights [n, k] each, tokens_per_expert) -> [m, n], rows of group i times
         weights[i]^T, differentiable (twin in megatron_npu/ops/grouped_gemm.py). Context parallelism's
         blocks (twins in megatron_npu/ops/attention_blocks.py; statistics fp32 [b, np, sq, k]):

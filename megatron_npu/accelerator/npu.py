@@ -183,21 +183,33 @@ class NpuAccelerator(Accelerator):
         *,
         softmax_scale: float,
         dropout_p: float = 0.0,
+        attention_mask: torch.Tensor | None = None,
+        window: tuple[int, int] | None = None,
     ) -> torch.Tensor:
-        sq, batch, heads, _ = query.shape
-        # SBH layout, GQA by head counts; True in atten_mask = masked (the upper triangle).
-        mask = torch.triu(torch.ones(sq, key.shape[0], dtype=torch.bool, device=query.device), diagonal=1)
-        return self._torch_npu.npu_fusion_attention(
+        sq, batch, heads, head_dim = query.shape
+        sk, value_dim = key.shape[0], value.shape[-1]
+        if value_dim != head_dim:
+            # MLA: value padded with zeros to the query/key head size, as MindSpeed-LLM pads it (the op's
+            # documented constraints give one D; the zero channels add nothing and are cut off below)
+            value = torch.nn.functional.pad(value, (0, head_dim - value_dim))
+        # SBH layout, GQA by head counts; True in atten_mask = masked (CANN's polarity, megatron's too)
+        mask, sparse_mode, pre_tokens, next_tokens = _attention_sparsity(sq, sk, query.device, attention_mask, window)
+        out = self._torch_npu.npu_fusion_attention(
             query.reshape(sq, batch, -1),
-            key.reshape(key.shape[0], batch, -1),
-            value.reshape(value.shape[0], batch, -1),
+            key.reshape(sk, batch, -1),
+            value.reshape(sk, batch, -1),
             heads,
             "SBH",
             atten_mask=mask,
             scale=softmax_scale,
             keep_prob=1.0 - dropout_p,
-            next_tockens=0,
+            pre_tockens=pre_tokens,
+            next_tockens=next_tokens,
+            sparse_mode=sparse_mode,
         )[0]
+        if value_dim != head_dim:
+            out = out.view(sq, batch, heads, head_dim)[..., :value_dim]
+        return out.reshape(sq, batch, heads * value_dim)
 
     def _fused_attention_block(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, softmax_scale: float, causal: bool
@@ -328,6 +340,34 @@ class _NpuGroupedMatmul(torch.autograd.Function):
         dx = ctx.accelerator._grouped_matmul_rows(dy, list(weights), ctx.group_list)
         dw = ctx.accelerator._grouped_matmul_k(x.t(), dy, ctx.group_list)
         return None, dx, None, *(g.t() for g in dw)
+
+
+# sparse_mode 4 (band) reads a compressed lower-triangular atten_mask of this size (CANN's documentation)
+_COMPRESSED_MASK = 2048
+
+
+def _attention_sparsity(
+    sq: int,
+    sk: int,
+    device: torch.device,
+    attention_mask: torch.Tensor | None,
+    window: tuple[int, int] | None,
+) -> tuple[torch.Tensor | None, int, int, int]:
+    """(atten_mask, sparse_mode, pre_tockens, next_tockens) of npu_fusion_attention for megatron's masks.
+
+    CANN's npu_fusion_attention: sparse_mode 0 (defaultMask) applies a full atten_mask (True = masked;
+    SS, 11SS or B1SS) within the pre_tockens / next_tockens band; sparse_mode 4 (band) keeps pre_tockens
+    keys before and next_tockens after the diagonal over the compressed 2048 x 2048 lower-triangular mask.
+    A sliding window (left, right) -> the band; a given mask (document masks: [b, 1, sq, sk], the causal
+    triangle included) -> sparse_mode 0 with it and every key in the band; neither -> the causal triangle.
+    """
+    if window is not None:
+        size = _COMPRESSED_MASK
+        compressed = torch.triu(torch.ones(size, size, dtype=torch.bool, device=device), diagonal=1)
+        return compressed, 4, window[0], window[1]
+    if attention_mask is not None:
+        return attention_mask.bool(), 0, _ALL_TOKENS, _ALL_TOKENS
+    return _causal_mask(sq, sk, device, True), 0, _ALL_TOKENS, 0
 
 
 def _causal_mask(sq: int, sk: int, device: torch.device, causal: bool) -> torch.Tensor | None:

@@ -30,7 +30,10 @@ FUSED_ATTENTION_COVERS = (
 )
 #: what falls back to megatron-core's unfused math under --use-flash-attn, and why
 FUSED_ATTENTION_FALLS_BACK = {
-    "--softmax-type off-by-one / learnable (attention sinks)": "npu_fusion_attention has no sink input",
+    "--softmax-type off-by-one / learnable (attention sinks)": (
+        "torch_npu 2.14.0's npu_fusion_attention has a sink argument its documented prototype lacks; "
+        "unused until checked on hardware"
+    ),
     "--apply-query-key-layer-scaling": "the kernel scales once, megatron-core per layer in fp32",
     "attention bias / packed sequences": "not passed by this trainer's GPT path",
 }

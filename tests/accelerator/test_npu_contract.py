@@ -171,7 +171,7 @@ def test_fused_kernels_keep_the_neutral_signatures_of_accelerator_fused_kernel()
         "rms_norm": ["x", "weight", "eps"],
         "swiglu": ["x"],
         "rotary": ["t", "cos", "sin"],
-        "flash_attention": ["query", "key", "value", "softmax_scale", "dropout_p"],
+        "flash_attention": ["query", "key", "value", "softmax_scale", "dropout_p", "attention_mask", "window"],
         "grouped_matmul": ["x", "weights", "tokens_per_expert"],
         "attention_block": ["query", "key", "value", "softmax_scale", "causal"],
         "attention_block_grad": [
