@@ -12,9 +12,12 @@ megatron-core's own binding). Nothing goes into ``sys.modules``: ``import groupe
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -76,3 +79,35 @@ def _grouped_gemm(original: Any, accelerator: Accelerator) -> Any:
 )
 def _ops(original: Any, accelerator: Accelerator) -> Any:
     return original if original is not None else STAND_IN.ops
+
+
+@register(
+    "GroupedMLP.__init__.unfused_activation",
+    "megatron.core.transformer.moe.experts:GroupedMLP.__init__",
+    reason="GroupedMLP compiles its GLU and probability-scaled activation with experts.py's own jit_fuser "
+    "(torch.compile, bound at import: Megatron-LM's --disable-jit-fuser does not reach it) whatever the fusion "
+    "flags; where the accelerator has no jit fuser they are built as plain functions (on cpu inductor's C++ build "
+    "took tens of seconds per process, in compile workers)",
+    subsystem=SUBSYSTEM,
+    megatron_versions=RELEASES,  # GroupedMLP.__init__'s two jit_fuser'd closures: 0.12.1 ... 0.16.1
+    requires="lacks_jit_fusion",
+)
+def _grouped_mlp_init(original: Callable[..., None], accelerator: Accelerator) -> Callable[..., None]:
+    experts = sys.modules[original.__module__]
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        # experts.jit_fuser is read while __init__ decorates its closures; swapping the module global for the
+        # construction only keeps the registry from rebinding every alias of torch.compile
+        compiled = experts.jit_fuser
+        experts.jit_fuser = _unfused
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            experts.jit_fuser = compiled
+
+    return __init__
+
+
+def _unfused(function: Callable) -> Callable:
+    return function

@@ -109,15 +109,7 @@ EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
     _te(f"{_TR}/test_utils.py::TestGPTModel::*", _TE_SPEC),
     _te(f"{_TR}/moe/test_grouped_mlp.py::TestParallelGroupedMLP::*", _TE_SPEC),
     _te(f"{_TR}/moe/test_moe_layer_discrepancy.py::TestMoELayerDispatcherDiscrepancy::*", _TE_SPEC),
-    _cuda(
-        f"{_TR}/moe/test_moe_layer.py::TestMoELayerInit::test_legacy_moe_layer[[]True-*",
-        "moe_grouped_gemm: nv-grouped-gemm (CUDA kernels) is not installed",
-    ),
     _te(f"{_DC_OPT}::TestDistributedOptimizer::test_optimizer_common_state_dict*", _TE_SPEC),
-    _cuda(
-        f"{_DC_OPT}::TestOptimizerResharding::test_chained_optimizer_resharding[[]*-False-True-*",
-        "use_grouped_mlp: nv-grouped-gemm (CUDA kernels) is not installed",
-    ),
     _te(
         f"{_DC}/test_pipeline_parallel_layout.py::test_save_and_load_checkpoint_*",
         "the TE layer spec (TESpecProvider); the parameters after the first then fail on the microbatch calculator "
