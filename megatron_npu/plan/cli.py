@@ -23,6 +23,7 @@ from megatron_npu.layout.memory import (
 from megatron_npu.layout.model_spec import ModelSpec
 from megatron_npu.layout.planner import HCCS_GBPS, ROCE_GBPS, plan
 from megatron_npu.layout.rankmap import LayoutError, RankMap
+from megatron_npu.layout.step_time import assumptions, comm_seconds, step_time
 from megatron_npu.plan.flags import (
     DTYPE_FLAGS,
     SHORT_FLAGS,
@@ -32,7 +33,7 @@ from megatron_npu.plan.flags import (
     trainer_argv,
 )
 
-GB = 1024**3
+GB = 1e9  # every figure printed: GB = 1e9 bytes (--search's too)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.splitlines()[0],
         epilog="Every other flag is pretrain_gpt.py's (e.g. --num-layers, --bf16, --sequence-parallel).",
     )
-    p.add_argument("--nnodes", type=int, required=True)
-    p.add_argument("--nproc-per-node", type=int, required=True)
+    p.add_argument("--nnodes", type=int, required=True, help="nodes in the job")
+    p.add_argument("--nproc-per-node", type=int, required=True, help="ranks per node (NPUs used per node)")
     p.add_argument("--hosts", default=None, help="comma-separated host list, one per node")
     for short, long in SHORT_FLAGS.items():
         p.add_argument(short, type=int, default=None, help=f"= {long}")
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--search", action="store_true", help="enumerate layouts, keep those that fit, rank by step time")
     p.add_argument("--top", type=int, default=5, help="--search: how many layouts to print")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
 
 
@@ -69,7 +70,7 @@ def memory_by_stage(model: ModelSpec, rmap: RankMap, args: argparse.Namespace) -
 
 def memory_table(memory: list[RankMemory]) -> str:
     out = [
-        "predicted memory per rank (GiB; parameters + gradients + optimizer state + activations at the peak):",
+        "predicted memory per rank (GB = 1e9 bytes; parameters + gradients + optimizer state + activations at the peak):",
         f"  {'stage':>5} {'params':>8} {'grads':>8} {'optim':>8} {'act/mb':>8} {'in flight':>9} {'act peak':>9} "
         f"{'total':>8}",
     ]
@@ -100,15 +101,31 @@ def main(argv: list[str] | None = None) -> int:
         result = plan(model, rmap, par, a.intra_gbps, a.inter_gbps)
         memory = memory_by_stage(model, rmap, args)
     except (LayoutError, ConfigError, ValueError) as exc:
-        print(f"plan: error: {exc}", file=sys.stderr)
+        print(f"megatron-npu plan: error: {exc}", file=sys.stderr)
         return 2
     if a.json:
-        out: dict[str, Any] = result.to_json() | {"memory": [m.to_json() for m in memory]}
+        exposed, dp = comm_seconds(result)
+        t = step_time(model, rmap.dims, args.recompute_granularity, exposed, dp)
+        figures = {"tokens_per_s_per_npu": t.tokens_per_s_per_npu, "mfu": t.mfu, "step_s": t.step_s}
+        out: dict[str, Any] = result.to_json() | {"memory": [m.to_json() for m in memory], "predicted": figures}
         print(json.dumps(out))
     else:
         print(result.table())
         print(memory_table(memory))
+        print(step_line(model, rmap, args, result))
     return 0
+
+
+def step_line(model: ModelSpec, rmap: RankMap, args: Any, result: Any) -> str:
+    """The step-time model's figures for this layout, with its assumptions."""
+    recompute = args.recompute_granularity
+    exposed, dp = comm_seconds(result)
+    t = step_time(model, rmap.dims, recompute, exposed, dp)
+    return (
+        f"predicted: {t.tokens_per_s_per_npu:,.0f} tokens/s per NPU, MFU {t.mfu:.1%}, step {t.step_s:.2f} s "
+        f"(matmul {t.matmul_s:.2f}, attention {t.attention_s:.2f}, bubble {t.bubble_s:.2f}, exposed comm "
+        f"{t.exposed_comm_s:.2f}); {assumptions()}"
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ FILLERS = {
     ("--train-iters", "--train-samples"): ["--train-iters", "1"],
     ("--data-path", "--mock-data", "--train-data-path", "--per-split-data-args-path"): ["--mock-data"],
     ("--lr",): ["--lr", "1e-4"],
+    ("--micro-batch-size",): ["--micro-batch-size", "1"],  # Megatron-LM requires it; --search chooses its own
 }
+DTYPE_SWITCHES = ("--bf16", "--fp16")
 
 
 def trainer_argv(a: argparse.Namespace, rest: list[str]) -> list[str]:
@@ -36,7 +38,10 @@ def trainer_argv(a: argparse.Namespace, rest: list[str]) -> list[str]:
         from megatron_npu.convert.hf_config import model_spec, read_config
 
         spec = model_spec(read_config(a.hf_config))
-        argv += [*spec.flags(), "--vocab-size", str(spec.vocab_size)]
+        given_dtype = a.dtype is not None or any(tok in DTYPE_SWITCHES for tok in rest)
+        # the user's --bf16 / --fp16 / --dtype overrides the config's torch_dtype
+        flags = [tok for tok in spec.flags() if not (given_dtype and tok in DTYPE_SWITCHES)]
+        argv += [*flags, "--vocab-size", str(spec.vocab_size)]
     argv += rest
     for short, long in SHORT_FLAGS.items():
         value = getattr(a, short[2:])
