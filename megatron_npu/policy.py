@@ -270,7 +270,6 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
         "Megatron-LM core_v0.16.1 has no such flag (use_custom_fsdp is megatron-core's deprecated name)",
         "use --use-megatron-fsdp",
     ),
-    _refused("--async-save", "asynchronous checkpoint saving is not supported yet", "drop it (saves are synchronous)"),
     _refused("--spec", "this trainer builds the GPT layer spec itself"),
     _refused(
         "--use-tp-pp-dp-mapping",

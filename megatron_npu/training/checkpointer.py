@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
 from megatron_npu.training import checkpointing
 from megatron_npu.training.faults import FaultPlan
+from megatron_npu.training.global_vars import print_rank_0
 from megatron_npu.training.run_state import RunState
 
 
@@ -27,6 +30,8 @@ class Checkpointer:
         self.model, self.optimizer, self.scheduler, self.faults = model, optimizer, scheduler, faults
         self.saved_iteration: int | None = None
         self.first_iteration = 0
+        # --async-save: megatron-core's queue of writes in flight (a forked writer per save, its default)
+        self.async_queue = AsyncCallsQueue() if args.async_save else None
 
     def clean_unfinished(self) -> None:
         """A save killed part-way leaves ``iter_N.partial``: removed (and said) before anything else."""
@@ -51,7 +56,9 @@ class Checkpointer:
             for chunk in self.model:
                 chunk.disable_forward_pre_hook(param_sync=True)
         in_save = self.faults.fire_in_save if self.faults else None
-        checkpointing.save_checkpoint(self.state, self.model, self.optimizer, self.scheduler, self.args, in_save)
+        checkpointing.save_checkpoint(
+            self.state, self.model, self.optimizer, self.scheduler, self.args, in_save, self.async_queue
+        )
         if overlap:
             for chunk in self.model:
                 chunk.enable_forward_pre_hook()
@@ -62,3 +69,17 @@ class Checkpointer:
         trained = self.state.iteration > self.first_iteration
         if self.args.save and trained and self.saved_iteration != self.state.iteration:
             self.save()
+        self.wait_for_saves()
+
+    def publish_finished(self) -> None:
+        """--async-save, every iteration on every rank: publish the saves every rank has written."""
+        if self.async_queue is not None:
+            self.async_queue.maybe_finalize_async_calls(blocking=False)
+
+    def wait_for_saves(self) -> None:
+        """--async-save: the writes still running finish and are published before the run ends."""
+        if self.async_queue is not None:
+            if self.async_queue.get_num_unfinalized_calls():
+                print_rank_0("waiting for the asynchronous checkpoint saves still being written")
+            self.async_queue.maybe_finalize_async_calls(blocking=True)
+            self.async_queue.close()

@@ -21,6 +21,7 @@ loader resumes Megatron-LM's, each with its data position, RNG and optimizer sta
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import shutil
@@ -32,6 +33,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.compat import fully_reshardable_optimizer_formats, unwrap_model
@@ -151,13 +153,18 @@ def save_checkpoint(
     scheduler: Any,
     args: argparse.Namespace,
     in_save: Callable[[int], None] | None = None,
+    async_queue: AsyncCallsQueue | None = None,
 ) -> str:
     """Save ``state.iteration`` atomically under ``args.save``; returns the checkpoint directory.
 
     The common state carries Megatron-LM's fields (``args``, ``checkpoint_version``, ``iteration``,
     ``num_floating_point_operations_so_far``, its RNG keys, content metadata) beside this trainer's, so
     Megatron-LM's pretrain_gpt.py resumes it too (checkpoint_format.py). ``in_save(iteration)`` runs on
-    every rank once the files are written (the fault tests' seam)."""
+    every rank once the files are written (the fault tests' seam).
+
+    With ``async_queue`` (--async-save, torch_dist) the shards are written by megatron-core's async
+    writer while training goes on; publishing (the rename and the tracker) is the request's last
+    finalize step, which megatron-core runs on every rank once every rank's write has finished."""
     root, iteration = args.save, state.iteration
     final = checkpoint_dir(root, iteration)
     partial = final + ".partial"
@@ -195,7 +202,21 @@ def save_checkpoint(
                 per_dp_rank=bool(args.data_parallel_random_init), by_dp=layout.get("ep", 1) > 1
             )
         sharded.update(common)
-        dist_checkpointing.save(sharded, partial, content_metadata=metadata)
+        request = dist_checkpointing.save(
+            sharded, partial, content_metadata=metadata, async_sharded_save=async_queue is not None
+        )
+    finish = functools.partial(_finish_save, root, partial, final, iteration, in_save)
+    if async_queue is None:
+        finish()
+        return final
+    request.add_finalize_fn(finish)  # after megatron-core's own (the global .metadata)
+    async_queue.schedule_async_request(request)
+    print_rank_0(f"  scheduled an asynchronous checkpoint save of iteration {iteration:7d} to {root}")
+    return final
+
+
+def _finish_save(root: str, partial: str, final: str, iteration: int, in_save: Callable[[int], None] | None) -> None:
+    """Every rank, once every rank's files are written: publish the save."""
     if in_save is not None:
         in_save(iteration)
     dist.barrier()
@@ -203,7 +224,6 @@ def save_checkpoint(
         _publish(root, partial, final, iteration)
     dist.barrier()
     print_rank_0(f"  successfully saved checkpoint from iteration {iteration:7d} to {root}")
-    return final
 
 
 def _publish(root: str, partial: str, final: str, iteration: int) -> None:

@@ -69,6 +69,7 @@ class Trainer:
                 metrics.write(self.train_one_step(train_iterators, metrics))
                 if valid_iterators is not None and self.validator.due(state.iteration):
                     self.validator.run(valid_iterators, f"at iteration {state.iteration}", metrics.writer)
+                self.checkpointer.publish_finished()
                 if self.checkpointer.due(state.iteration):
                     self.checkpointer.save()
                 metrics.end_of_iteration()

@@ -363,6 +363,8 @@ def _check_saving(args: argparse.Namespace) -> None:
         args.save_interval is None or args.save_retain_interval % args.save_interval != 0
     ):
         raise ConfigError("--save-retain-interval must be a multiple of --save-interval")
+    if args.async_save and args.ckpt_format != "torch_dist":  # as Megatron-LM: its async writer is torch_dist's
+        raise ConfigError(f"--async-save writes --ckpt-format torch_dist only: drop it with {args.ckpt_format}")
     if (args.save or args.load) and args.ckpt_format == "torch_dist":
         from megatron_npu.compat import ReleaseGap, check_checkpoint_support
 

@@ -404,7 +404,6 @@ def test_step_batch_size_schedule():
         (["--cuda-graph-impl", "local"], "--cuda-graph-impl local", "drop"),
         (["--use-custom-fsdp"], "--use-custom-fsdp", "--use-megatron-fsdp"),
         (["--fsdp-double-buffer"], "--fsdp-double-buffer", "--use-megatron-fsdp"),
-        (["--async-save"], "--async-save", "drop"),
         (["--ckpt-format", "torch"], "--ckpt-format torch", "torch_dist"),
         (["--ckpt-format=zarr"], "--ckpt-format zarr", "torch_dist"),
         (["--moe-token-dispatcher-type", "flex"], "--moe-token-dispatcher-type flex", "alltoall"),

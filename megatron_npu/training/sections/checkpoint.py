@@ -88,6 +88,12 @@ class CheckpointSection(Section):
     ckpt_fully_parallel_load: bool = False
     """Apply full load parallelization across DP for distributed checkpoints."""
 
+    async_save: bool = False
+    """Apply async checkpointing save. Currently works only with `torch_dist` distributed checkpoint format.
+    (Megatron-LM core_v0.16.1 turns it off without --use-persistent-ckpt-worker; this trainer writes with
+    megatron-core's default forked writer.)
+    """
+
     ckpt_assume_constant_structure: bool = False
     """Assume the checkpoint structure is constant across saves to enable optimizations."""
 
