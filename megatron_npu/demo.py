@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     status = subprocess.run(command, env=env).returncode
     if status != 0:
-        print(f"demo failed (exit {status})", file=sys.stderr)
+        print(f"megatron-npu demo: error: the training run failed (exit {status}); its cause is above", file=sys.stderr)
         return status
     losses = [json.loads(line)["lm_loss"] for line in metrics_file.read_text().splitlines() if '"lm_loss"' in line]
     print(

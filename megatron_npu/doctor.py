@@ -243,7 +243,26 @@ def render(report: dict[str, Any], patches_only: bool = False) -> str:
     lines += render_patches(report)
     lines += [f"warning  : {warning}" for warning in report["warnings"]]
     lines += [f"error    : {error}" for error in report["errors"]]
+    lines.append(f"verdict  : {verdict(report)}")
     return "\n".join(lines)
+
+
+def verdict(report: dict[str, Any]) -> str:
+    """One line: whether runs start on this machine, on which target, and what to look at first."""
+    if report["errors"]:
+        return (
+            f"NOT READY: {len(report['errors'])} patch target(s) missing in megatron-core "
+            f"{report['versions'].get('megatron_core')} (the error lines above); use a tested release"
+        )
+    versions = report["versions"]
+    where = f"target {report['device']} ({report['backend']}"
+    where += f", {report['device_count']} devices)" if report["device_count"] else ")"
+    notes = []
+    if versions.get("torch_npu") and versions["torch_npu"] != versions.get("torch_npu_tested"):
+        notes.append(f"torch_npu {versions['torch_npu']} is not the tested {versions['torch_npu_tested']}")
+    if report["warnings"]:
+        notes.append(f"{len(report['warnings'])} warning(s) above")
+    return f"ready: {where}" + (f"; {'; '.join(notes)}" if notes else "")
 
 
 def render_timeouts(timeouts: dict[str, Any]) -> str:

@@ -51,8 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="megatron-npu convert", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="direction", required=True)
     to_m = sub.add_parser("to-megatron", help="HF directory -> megatron-core torch_dist checkpoint (iteration 0)")
-    to_m.add_argument("hf_dir")
-    to_m.add_argument("save_dir")
+    to_m.add_argument("hf_dir", help="a Hugging Face model directory (config.json and safetensors)")
+    to_m.add_argument("save_dir", help="where the checkpoint goes (the trainer's --load directory)")
     to_m.add_argument("--tp", type=int, default=1, help="tensor parallel size the checkpoint is trained with")
     to_m.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
     to_m.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per pipeline rank")
@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     to_hf = sub.add_parser("to-hf", help="a checkpoint of any TP x PP (x VPP) -> HF directory (safetensors)")
     to_hf.add_argument("load_dir", help="a --save directory (latest_checkpointed_iteration.txt) or one iter_NNNNNNN")
-    to_hf.add_argument("hf_out")
+    to_hf.add_argument("hf_out", help="the Hugging Face directory to write")
     to_hf.add_argument(
         "--hf-config", default=None, help=f"the model's HF directory or config.json (default: LOAD_DIR/{HF_CONFIG_DIR})"
     )

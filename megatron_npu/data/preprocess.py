@@ -181,11 +181,11 @@ def _batches(a: argparse.Namespace) -> Iterator[list[tuple[int, bytes]]]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Megatron-LM core_v0.16.1's tools/preprocess_data.py flags (--workers defaults to 1 here)."""
-    p = argparse.ArgumentParser(prog="preprocess_data.py")
+    p = argparse.ArgumentParser(prog="megatron-npu preprocess")  # scripts/preprocess_data.py is the same command
     add_tokenizer_args(p.add_argument_group(title="tokenizer"))
     g = p.add_argument_group(title="input data")
-    g.add_argument("--input", required=True)
-    g.add_argument("--json-keys", nargs="+", default=["text"])
+    g.add_argument("--input", required=True, help="jsonl file, one document per line (a glob with --partitions)")
+    g.add_argument("--json-keys", nargs="+", default=["text"], help="keys to extract from each line (default: text)")
     g.add_argument(
         "--split-sentences",
         action="store_true",
@@ -193,12 +193,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     g.add_argument("--keep-newlines", action="store_true", help="with --split-sentences: keep newlines in sentences")
     g = p.add_argument_group(title="tokenization process")
-    g.add_argument("--append-eod", action="store_true")
+    g.add_argument("--append-eod", action="store_true", help="append the tokenizer's end-of-document token")
     g.add_argument("--lang", type=str, default="english", help="NLTK language (with --split-sentences)")
     g = p.add_argument_group(title="output data")
-    g.add_argument("--output-prefix", required=True)
+    g.add_argument("--output-prefix", required=True, help="writes PREFIX_KEY_document.bin/.idx per --json-keys")
     g = p.add_argument_group(title="runtime")
-    g.add_argument("--workers", type=int, default=1)
+    g.add_argument("--workers", type=int, default=1, help="encoding processes (default: 1)")
     g.add_argument(
         "--partitions",
         type=int,
@@ -210,7 +210,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="with --partitions: contiguous partitions, so the input order is kept",
     )
-    g.add_argument("--log-interval", type=int, default=10000)
+    g.add_argument("--log-interval", type=int, default=10000, help="documents between progress lines")
     g.add_argument("--strict", action="store_true", help="exit 1 when any input line was skipped")
     a = p.parse_args(argv)
     if a.tokenizer_type is None:
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         r = run(a)
     except TokenizerError as e:
-        print(f"preprocess_data: error: {e}", file=sys.stderr)
+        print(f"megatron-npu preprocess: error: {e}", file=sys.stderr)
         return 2
     print(f"done: {r['docs']} docs, {r['tokens']} tokens, {r['tokens_per_s']:.0f} tokens/s")
     for kind, lines in r["problems"].items():

@@ -98,10 +98,12 @@ def add_tokenizer_args(g: Any) -> None:
     """Megatron-LM core_v0.16.1's ``_add_tokenizer_args`` (training and tools/preprocess_data.py)."""
     g.add_argument("--vocab-size", type=int, default=None, help="Size of vocab before EOD or padding.")
     g.add_argument("--padded-vocab-size", type=int, default=None, help="The model's vocabulary (default: padded).")
-    g.add_argument("--vocab-file", type=str, default=None)
-    g.add_argument("--merge-file", type=str, default=None)
-    g.add_argument("--vocab-extra-ids", type=int, default=0)
-    g.add_argument("--tokenizer-type", type=str, default=None, choices=list(TOKENIZER_TYPES))
+    g.add_argument("--vocab-file", type=str, default=None, help="Path to the vocab file.")
+    g.add_argument("--merge-file", type=str, default=None, help="Path to the BPE merge file.")
+    g.add_argument("--vocab-extra-ids", type=int, default=0, help="Number of additional vocabulary tokens.")
+    g.add_argument(
+        "--tokenizer-type", type=str, default=None, choices=list(TOKENIZER_TYPES), help="What type of tokenizer to use."
+    )
     g.add_argument(
         "--tokenizer-model",
         type=str,
@@ -109,17 +111,27 @@ def add_tokenizer_args(g: Any) -> None:
         help="SentencePiece model file, or a local HuggingFace tokenizer directory.",
     )
     g.add_argument("--tokenizer-metadata", type=str, default=None, help="Tokenizer metadata JSON (megatron-core).")
-    g.add_argument("--tokenizer-special-tokens", type=str, nargs="+", default=None)
+    g.add_argument(
+        "--tokenizer-special-tokens", type=str, nargs="+", default=None, help="Special tokens (megatron-core's)."
+    )
     g.add_argument(
         "--legacy-tokenizer", action="store_true", help="Megatron-LM's legacy tokenizers (default: megatron-core's)."
     )
-    g.add_argument("--tiktoken-pattern", type=str, default=None)
-    g.add_argument("--tiktoken-num-special-tokens", type=int, default=1000)
-    g.add_argument("--tiktoken-special-tokens", type=str, nargs="+", default=None)
-    g.add_argument("--tokenizer-sentencepiece-legacy", action="store_true")
-    g.add_argument("--tokenizer-hf-use-fast", action="store_true")
-    g.add_argument("--tokenizer-hf-include-special-tokens", action="store_true")
-    g.add_argument("--trust-remote-code", action="store_true")
+    g.add_argument("--tiktoken-pattern", type=str, default=None, help="TikTokenizer: the pattern (v1 or v2).")
+    g.add_argument(
+        "--tiktoken-num-special-tokens", type=int, default=1000, help="TikTokenizer: number of special tokens."
+    )
+    g.add_argument(
+        "--tiktoken-special-tokens", type=str, nargs="+", default=None, help="TikTokenizer: the special tokens."
+    )
+    g.add_argument(
+        "--tokenizer-sentencepiece-legacy", action="store_true", help="SentencePiece: legacy special-token handling."
+    )
+    g.add_argument("--tokenizer-hf-use-fast", action="store_true", help="HuggingFace: the fast tokenizer.")
+    g.add_argument(
+        "--tokenizer-hf-include-special-tokens", action="store_true", help="HuggingFace: encode special tokens."
+    )
+    g.add_argument("--trust-remote-code", action="store_true", help="HuggingFace: allow the model's own code.")
 
 
 def build_tokenizer(tokenizer_type: str, **options: Any) -> Any:

@@ -304,22 +304,27 @@ def format_table(rmap: RankMap) -> str:
 
 
 def add_layout_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nnodes", type=int, required=True)
-    parser.add_argument("--nproc-per-node", type=int, required=True)
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--pp", type=int, default=1)
-    parser.add_argument("--cp", type=int, default=1)
-    parser.add_argument("--ep", type=int, default=1)
-    parser.add_argument("--etp", type=int, default=None, help="expert tensor parallel (default: --tp)")
+    """The layout flags, under Megatron-LM's long names and the short ones (a launch script's flags paste)."""
+    parser.add_argument("--nnodes", type=int, required=True, help="nodes in the job")
+    parser.add_argument("--nproc-per-node", type=int, required=True, help="ranks per node (NPUs used per node)")
+    for short, long, default, what in (
+        ("--tp", "--tensor-model-parallel-size", 1, "tensor parallel size"),
+        ("--pp", "--pipeline-model-parallel-size", 1, "pipeline parallel size"),
+        ("--cp", "--context-parallel-size", 1, "context parallel size"),
+        ("--ep", "--expert-model-parallel-size", 1, "expert parallel size"),
+        ("--etp", "--expert-tensor-parallel-size", None, "expert tensor parallel size (default: --tp)"),
+        ("--vpp", "--num-virtual-stages-per-pipeline-rank", None, "virtual pipeline stages per rank"),
+    ):
+        default_said = "" if default is None else f" (default: {default})"
+        parser.add_argument(short, long, dest=short[2:], type=int, default=default, help=what + default_said)
     parser.add_argument("--num-experts", type=int, default=None, help="MoE: checked against --ep")
-    parser.add_argument("--vpp", type=int, default=None)
     parser.add_argument("--hosts", default=None, help="comma-separated host list, one per node")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="megatron-npu rankmap", description=__doc__.splitlines()[0])
     add_layout_args(parser)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the rank map as JSON")
     parser.add_argument("--num-layers", type=int, default=None, help="also check PP (x VPP) divides the layers")
     args = parser.parse_args(argv)
     hosts = args.hosts.split(",") if args.hosts else None
@@ -338,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             num_experts=args.num_experts,
         )
     except LayoutError as exc:
-        print(f"rankmap: error: {exc}", file=sys.stderr)
+        print(f"megatron-npu rankmap: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(rmap.to_json()) if args.json else format_table(rmap))
     return 0

@@ -163,9 +163,21 @@ def build_rank_table(hosts: list[str], nics: NicMap, nproc_per_node: int) -> dic
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="megatron-npu ranktable", description=__doc__.splitlines()[0])
     p.add_argument("--hosts", required=True, help="comma-separated host ips in node-rank order")
-    p.add_argument("--nproc-per-node", type=int, default=8)
-    p.add_argument("--nic-file", action="append", default=[], help="NIC addresses (formats above); repeatable")
-    p.add_argument("--nic", action="append", default=[], metavar="HOST=FILE", help="hccn_tool output for one host")
+    p.add_argument("--nproc-per-node", type=int, default=8, help="NPUs per node (default: 8)")
+    p.add_argument(
+        "--nic-file",
+        action="append",
+        default=[],
+        help="NIC addresses, repeatable: 'HOST DEVICE_ID IP' lines; JSON {HOST: [ip, ...]}, {HOST: {id: ip}} or "
+        "[{host, device_id, device_ip}]; or `hccn_tool -i N -ip -g` output per host under a [HOST] line",
+    )
+    p.add_argument(
+        "--nic",
+        action="append",
+        default=[],
+        metavar="HOST=FILE",
+        help="one host's NIC addresses: FILE holds its `hccn_tool -i N -ip -g` output or 'DEVICE_ID IP' lines",
+    )
     p.add_argument("-o", "--output", default="-", help="rank table path (default stdout)")
     a = p.parse_args(argv)
     hosts = [h.strip() for h in a.hosts.split(",") if h.strip()]
@@ -182,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RankTableError("give --nic-file or --nic HOST=FILE")
         table = build_rank_table(hosts, nics, a.nproc_per_node)
     except (RankTableError, OSError) as exc:
-        print(f"ranktable: error: {exc}", file=sys.stderr)
+        print(f"megatron-npu ranktable: error: {exc}", file=sys.stderr)
         return 2
     text = json.dumps(table, indent=2)
     if a.output == "-":

@@ -390,7 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="drop what NPUs cannot run (fp8) and write the output even when a check fails",
     )
-    p.add_argument("--kind", choices=("auto", "bash", "yaml"), default="auto")
+    p.add_argument(
+        "--kind", choices=("auto", "bash", "yaml"), default="auto", help="the input's kind (default: by its name)"
+    )
     p.add_argument(
         "--megatron-npu-dir",
         default=DEFAULT_NPU_DIR,

@@ -141,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inter-gbps", type=float, default=None, help="inter-node GB/s for the planner's estimate")
     a = p.parse_args(argv)
     if a.skip_iterations < 0:
-        print("perf-report: error: --skip-iterations must be >= 0", file=sys.stderr)
+        print("megatron-npu perf-report: error: --skip-iterations must be >= 0", file=sys.stderr)
         return 2
     try:
         run = load_run(a.run_dir)
         report = analyse(run, a.skip_iterations, a.intra_gbps, a.inter_gbps)
     except ReportError as exc:
-        print(f"perf-report: error: {exc}", file=sys.stderr)
+        print(f"megatron-npu perf-report: error: {exc}", file=sys.stderr)
         return 2
     plots = write_plots(report, a.plots_dir or a.run_dir / "perf_plots")
     markdown = a.markdown or a.run_dir / "perf_report.md"

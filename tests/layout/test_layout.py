@@ -349,7 +349,7 @@ def test_cli_json_table_and_refusal(capsys):
     assert "PP boundaries crossing nodes: 8" in text and "DP groups crossing nodes: 0 of 4" in text
     assert rankmap.main(["--nnodes", "2", "--nproc-per-node", "8", "--tp", "16"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("rankmap: error: TP=16 would span nodes") and "Traceback" not in err
+    assert err.startswith("megatron-npu rankmap: error: TP=16 would span nodes") and "Traceback" not in err
 
 
 # ---- planner ----------------------------------------------------------------------------------
@@ -469,7 +469,7 @@ def test_plan_refuses_and_cli(capsys):
     out = capsys.readouterr().out
     assert "ASSUMED bandwidths" in out and "rank 0 (node 0" in out and "rank 4 (node 1" in out
     assert plan_cli.main([*args[:-2], "--vocab-size", "1000", "--global-batch-size", "5"]) == 2
-    assert "plan: error:" in capsys.readouterr().err
+    assert "megatron-npu plan: error:" in capsys.readouterr().err
 
 
 MEGATRON_CHECK = r"""

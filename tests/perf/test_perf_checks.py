@@ -139,5 +139,5 @@ def test_files_of_two_runs_are_refused_by_name(tmp_path):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         assert report.main([str(tmp_path)]) == 2
     lines = err.getvalue().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("perf-report: error:")
+    assert len(lines) == 1 and lines[0].startswith("megatron-npu perf-report: error:")
     assert "layout.json's tp groups" in lines[0] and "args.json" in lines[0]

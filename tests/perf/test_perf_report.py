@@ -283,7 +283,7 @@ def test_npu_smi_samples_and_bad_input(tp2_pp2, tmp_path):
     code, out, err = run_report(tmp_path / "nothing")
     assert (
         code == 2
-        and err.startswith("perf-report: error:")
+        and err.startswith("megatron-npu perf-report: error:")
         and "--timing-log-level" in err
         and len(err.splitlines()) == 1
     )
