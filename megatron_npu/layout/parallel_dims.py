@@ -302,10 +302,11 @@ class ParallelDims:
         if self.first_stage_layers is not None or self.last_stage_layers is not None:
             self._check_uneven_stages(num_layers)
             return
-        if self.embedding_in_split or self.loss_in_split:
-            num_layers += int(self.embedding_in_split) + int(self.loss_in_split)
+        counted = int(self.embedding_in_split) + int(self.loss_in_split)
+        num_layers += counted  # --account-for-embedding/loss-in-pipeline-split: each counts as a layer
         if num_layers % self.pp:
-            raise LayoutError(f"{f.num_layers} {num_layers} is not divisible by {f.pp} {self.pp}")
+            plus = f" + {counted} (embedding / loss counted as layers)" if counted else ""
+            raise LayoutError(f"{f.num_layers} {num_layers - counted}{plus} is not divisible by {f.pp} {self.pp}")
         per_stage = num_layers // self.pp
         if self.vpp is not None and per_stage % self.vpp:
             raise LayoutError(

@@ -138,8 +138,11 @@ def _sharded_state(
     model: list, optimizer: Any, scheduler: Any, *, optim: bool, metadata: dict, loading: bool
 ) -> dict[str, Any]:
     state: dict[str, Any] = {}
+    # as Megatron-LM's generate_state_dict: the DP x CP group, which a last stage holding MTP layers reads to
+    # tie its copy of the embedding to the first stage's
+    model_metadata = {"dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
     for key, chunk in zip(_model_keys(model), model, strict=True):
-        state[key] = unwrap_model(chunk).sharded_state_dict()
+        state[key] = unwrap_model(chunk).sharded_state_dict(metadata=model_metadata)
     if optim:
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=loading, metadata=metadata)
         state["opt_param_scheduler"] = scheduler.state_dict()
