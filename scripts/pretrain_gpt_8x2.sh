@@ -112,19 +112,28 @@ if [ -n "$NODE_RANK" ] && ! { [[ "$NODE_RANK" =~ ^[0-9]+$ ]] && [ "$NODE_RANK" -
     exit 2
 fi
 
-# The interface this host uses toward MASTER_ADDR: HCCL's bootstrap IP and gloo's NIC.
+# A node's own address: its HOSTS entry (resolved when it is a name). HCCL_IF_IP must be the address of
+# the node that runs the ranks, so a dry run prints each node's, never the address of the machine it runs on.
+node_ip() {  # $1 node rank
+    local entry=${HOST_LIST[$1]}
+    if [[ "$entry" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then echo "$entry"; return; fi
+    getent ahostsv4 "$entry" 2>/dev/null | awk 'NR == 1 {print $1}' || true
+}
+
+# The interface this host uses toward MASTER_ADDR: gloo's NIC (and HCCL's IP when HOSTS names are unresolvable).
 route_to_master() {  # prints "SRC_IP DEV", empty when unknown
     ip route get "$MASTER_ADDR" 2>/dev/null | awk '{for (i = 1; i < NF; i++) {if ($i == "src") s = $(i + 1); if ($i == "dev") d = $(i + 1)}} END {if (s != "") print s, d}'
 }
 
 # ---- the HCCL / Ascend environment ----------------------------------------------------------
 node_env() {  # $1 node rank; prints "export K=V" lines
-    local node=$1 if_ip="" if_dev="" route
-    if [ "$DRY_RUN" -eq 0 ] || [ "$node" = "${NODE_RANK:-}" ]; then
+    local node=$1 if_ip if_dev="" route
+    if_ip=$(node_ip "$node")
+    if [ "$DRY_RUN" -eq 0 ]; then  # running on this node: its route toward the master names gloo's NIC
         route=$(route_to_master)
-        if [ -n "$route" ]; then if_ip=${route%% *}; if_dev=${route#* }; fi
+        if [ -n "$route" ]; then if_dev=${route#* }; [ -n "$if_ip" ] || if_ip=${route%% *}; fi
     fi
-    [ -n "$if_ip" ] || if_ip=${HOST_LIST[$node]}  # other nodes in a dry run: their HOSTS entry
+    [ -n "$if_ip" ] || if_ip=${HOST_LIST[$node]}  # a name nothing resolves here: printed as given
     # HCCL's link set-up and collective timeouts follow --distributed-timeout-minutes (the patch
     # layer sets both before the process group exists); the ones you export win
     for var in HCCL_CONNECT_TIMEOUT HCCL_EXEC_TIMEOUT; do
@@ -158,12 +167,17 @@ DATA_ARGS=()  # an empty DATA_PATH / TOKENIZER_MODEL drops the flag (e.g. EXTRA_
 if [ -n "$DATA_PATH" ]; then DATA_ARGS+=(--data-path "$DATA_PATH" --split 949,50,1); fi
 DATA_ARGS+=(--tokenizer-type "$TOKENIZER_TYPE")
 if [ -n "$TOKENIZER_MODEL" ]; then DATA_ARGS+=(--tokenizer-model "$TOKENIZER_MODEL"); fi
-OUTPUT_ARGS=()
-if [ -n "$CHECKPOINT_SAVE" ]; then OUTPUT_ARGS+=(--save "$CHECKPOINT_SAVE" --save-interval "$SAVE_INTERVAL"); fi
+# What a long job needs: a SIGTERM (a scheduler's preemption, passed on by torchrun) finishes the iteration
+# in flight, saves and exits (--exit-signal-handler); checkpoints saved and resumed from the same directory;
+# logs, timers and TensorBoard under LOG_DIR.
+OUTPUT_ARGS=(--exit-signal-handler)
+if [ -n "$CHECKPOINT_SAVE" ]; then
+    OUTPUT_ARGS+=(--save "$CHECKPOINT_SAVE" --save-interval "$SAVE_INTERVAL" --ckpt-format torch_dist)
+fi
 if [ -n "$CHECKPOINT_LOAD" ]; then OUTPUT_ARGS+=(--load "$CHECKPOINT_LOAD"); fi
 OUTPUT_ARGS+=(
     --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
-    --timing-log-level "$TIMING_LOG_LEVEL" --log-dir "$LOG_DIR"
+    --timing-log-level "$TIMING_LOG_LEVEL" --log-dir "$LOG_DIR" --tensorboard-dir "$LOG_DIR/tensorboard"
 )
 read -r -a EXTRA <<< "$EXTRA_ARGS"
 
