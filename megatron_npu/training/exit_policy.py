@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import signal
 import time
 from typing import Any
@@ -11,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_npu.accelerator import get_accelerator
+from megatron_npu.training.sections import ScheduleSection
 
 
 def sum_over_world(value: float) -> float:
@@ -50,10 +50,10 @@ class ExitPolicy:
     """Megatron-LM's exit conditions (a signal, --exit-interval, --exit-duration-in-mins), decided
     alike on every rank after each iteration."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
+    def __init__(self, schedule: ScheduleSection) -> None:
+        self.schedule = schedule
         self.start_time = time.time()
-        self.signal = ExitSignal(args.exit_signal_handler, args.exit_signal)
+        self.signal = ExitSignal(schedule.exit_signal_handler, schedule.exit_signal)
 
     def __enter__(self) -> ExitPolicy:
         self.signal.install()
@@ -64,7 +64,7 @@ class ExitPolicy:
 
     def reason(self, iteration: int) -> str | None:
         """Why the run stops after ``iteration``, or None to go on."""
-        args = self.args
+        args = self.schedule
         if self.signal.any_rank_received():
             return f"after receiving {signal.Signals(self.signal.signum).name} at iteration {iteration}"
         if args.exit_interval and iteration % args.exit_interval == 0:

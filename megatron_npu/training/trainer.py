@@ -37,8 +37,8 @@ class Trainer:
         forward_step: Callable,
         timers: Any,
     ) -> None:
-        # the composition root: each component gets its own sections (the checkpointer, the metrics
-        # and the exit policy still read the flat settings)
+        # the composition root: each component gets its own sections (the checkpointer and the
+        # metrics still read the flat settings)
         self.args, self.state = settings, state
         self.faults = FaultPlan.from_env()
         self.step = TrainStep(
@@ -63,7 +63,7 @@ class Trainer:
         """Steps until --train-iters (or an exit condition), with evaluations and saves between them."""
         state = self.state
         metrics = TrainingMetrics(self.args, state, self.step.optimizer, self.step.timers, self.train_iters)
-        with ExitPolicy(self.args) as exit_policy:
+        with ExitPolicy(self.args.schedule) as exit_policy:
             while state.iteration < self.train_iters:
                 state.iteration += 1
                 metrics.write(self.train_one_step(train_iterators, metrics))

@@ -110,3 +110,10 @@ def test_components_are_built_from_their_sections_alone():
     # --train-samples with a ramp-up (8 samples per increment): 4, 4, 8, 12, 16, 16, 16 as megatron-core counts them
     ramped = schedule.replace(train_iters=None, train_samples=72, rampup_batch_size=("4", "4", "24"))
     assert ramped.total_iterations() == 7
+
+
+def test_the_exit_policy_is_built_from_the_schedule_section_alone():
+    from megatron_npu.training.exit_policy import ExitPolicy
+
+    with ExitPolicy(sections.ScheduleSection(exit_interval=2)) as policy:
+        assert [policy.reason(i) for i in (1, 2)] == [None, "at iteration 2 (--exit-interval 2)"]
