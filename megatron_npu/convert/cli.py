@@ -108,6 +108,8 @@ def _to_megatron(ns: argparse.Namespace) -> int:
     from megatron_npu.convert.hf_io import HFReader
 
     reader = HFReader(ns.hf_dir)  # a missing shard is refused before megatron-core starts
+    if reader.has(f"model.layers.{spec.num_layers}.eh_proj.weight"):  # DeepSeek-V3's MTP layer(s)
+        spec = model_spec(cfg, tp=ns.tp, pp=ns.pp, vpp=ns.vpp, ep=ns.ep, tokenizer_vocab=vocab, with_mtp=True)
     from megatron_npu.convert.megatron_io import cut_vocab_rows, hf_to_megatron
 
     print(f"converting {ns.hf_dir} ({cfg['model_type']}, {spec.num_layers} layers) to {ns.save_dir}", flush=True)
@@ -162,6 +164,7 @@ def _to_hf(ns: argparse.Namespace) -> int:
 
     from megatron_npu.convert.hf_io import HFReader, HFWriter
     from megatron_npu.convert.megatron_io import cut_vocab_rows, megatron_to_hf
+    from megatron_npu.convert.pieces import Reader
     from megatron_npu.training.checkpointing import checkpoint_dir, read_tracker
 
     iteration = step if step is not None else read_tracker(root)
@@ -170,6 +173,8 @@ def _to_hf(ns: argparse.Namespace) -> int:
     common = dist_checkpointing.load_common_state_dict(checkpoint_dir(root, iteration))
     # The checkpoint's vocabulary rows were padded for its TP; the HF rows come back out of them.
     spec = replace(spec, padded_vocab_size=common["model_shape"]["padded_vocab_size"])
+    if any(key.startswith("mtp.") for key in Reader(checkpoint_dir(root, iteration)).metadata.state_dict_metadata):
+        spec = replace(spec, mtp_layers=model_spec(cfg, with_mtp=True).mtp_layers)
     writer = HFWriter(ns.hf_out)
     print(f"exporting {checkpoint_dir(root, iteration)} (layout {common['layout']}) to {ns.hf_out}", flush=True)
     cut = {}  # vocabulary rows the import cut: kept beside the checkpoint, or in the HF model itself

@@ -24,6 +24,14 @@ FAMILIES = {
     "gpt2": "GPT-2",
     "deepseek_v3": "DeepSeek-V3",
 }
+# families named in the issue this converter cannot train exactly yet, and why
+NOT_YET = {
+    "gpt_oss": (
+        "its experts and router have biases, which megatron-core 0.16.1's experts cannot train (pretrain_gpt.py "
+        "refuses --num-experts without --disable-bias-linear), and its YaRN on standard attention has no "
+        "Megatron-LM core_v0.16.1 flag"
+    ),
+}
 # families whose attention normalises q and k per head (--qk-layernorm)
 QK_NORM = ("qwen3", "qwen3_moe")
 # megatron-core 0.16's MLA YaRN settings Megatron-LM core_v0.16.1 has no flag for (MLATransformerConfig's defaults)
@@ -128,6 +136,7 @@ class ModelSpec:
     qk_layernorm: bool = False
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    mtp_layers: int = 0  # DeepSeek-V3's multi-token prediction layers the checkpoint holds
     dtype: str = "float32"
 
     @property
@@ -175,6 +184,8 @@ class ModelSpec:
             f += ["--untie-embeddings-and-output-weights"]
         if self.moe is not None:
             f += self.moe.flags()
+        if self.mtp_layers:
+            f += ["--mtp-num-layers", str(self.mtp_layers)]
         if self.dtype == "bfloat16":
             f += ["--bf16"]
         elif self.dtype == "float16":
@@ -215,8 +226,17 @@ def _rope(cfg: dict) -> tuple[int, float | None, int | None]:
                 "be trained with the same positions"
             )
         return int(theta), float(scaling["factor"]), None
+    if kind == "dynamic":  # dynamic NTK changes nothing up to the trained length (check_attention_window)
+        return int(theta), None, None
+    if kind == "yarn":
+        raise ConvertError(
+            "YaRN RoPE scaling on standard attention: Megatron-LM core_v0.16.1's flags give YaRN to multi-latent "
+            "attention only (--rope-type yarn); GPTModel's attention takes default, linear, llama3 (and dynamic "
+            "up to its original length)"
+        )
     raise ConvertError(
-        f"RoPE scaling type {kind!r} is not supported by megatron-core's GPTModel (default, linear, llama3 are)"
+        f"RoPE scaling type {kind!r} is not supported by megatron-core's GPTModel (default, linear, llama3 and "
+        "dynamic up to its original length are)"
     )
 
 
@@ -327,10 +347,14 @@ def model_spec(
     vpp: int | None = None,
     ep: int = 1,
     tokenizer_vocab: int | None = None,
+    with_mtp: bool = False,
 ) -> ModelSpec:
-    """The spec of ``cfg`` (a config.json dict), checked against the TP x PP (x VPP) x EP layout."""
+    """The spec of ``cfg`` (a config.json dict), checked against the TP x PP (x VPP) x EP layout.
+    ``with_mtp``: the weights hold DeepSeek-V3's MTP layers (transformers' own saves drop them)."""
     arch = (cfg.get("architectures") or ["?"])[0]
     family = cfg.get("model_type")
+    if family in NOT_YET:
+        raise ConvertError(f"{arch}: {NOT_YET[family]}")
     if family not in FAMILIES:
         raise ConvertError(
             f"unsupported architecture {arch} (model_type {family!r}): supported are "
@@ -401,6 +425,7 @@ def model_spec(
             qk_layernorm=family in QK_NORM or mla is not None,
             moe=_moe(cfg, family, num_layers),
             mla=mla,
+            mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0) if with_mtp and mla else 0,
             dtype=dtype,
         )
     check_layout(spec, tp=tp, pp=pp, vpp=vpp, ep=ep)
@@ -421,7 +446,16 @@ def layout_flags(spec: ModelSpec, *, tp: int, pp: int, vpp: int | None, ep: int)
 
 def check_attention_window(cfg: dict, seq_length: int) -> None:
     """Sliding-window attention (Mistral) trains as full causal attention, which is the same
-    only while no sequence is longer than the window: refuse a --seq-length past it."""
+    only while no sequence is longer than the window: refuse a --seq-length past it. Dynamic NTK
+    RoPE is plain RoPE up to the model's original length (transformers rescales past it)."""
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if scaling.get("rope_type", scaling.get("type")) == "dynamic":
+        original = int(scaling.get("original_max_position_embeddings") or cfg["max_position_embeddings"])
+        if seq_length > original:
+            raise ConvertError(
+                f"dynamic NTK RoPE scaling at --seq-length {seq_length}: it rescales past {original} tokens, which "
+                f"megatron-core's RotaryEmbedding cannot; convert and train with --seq-length {original} or less"
+            )
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
     if window is not None and window < seq_length:
         raise ConvertError(

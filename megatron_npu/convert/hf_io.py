@@ -52,6 +52,12 @@ class HFReader:
                 return name[len(prefix) :]
         raise ConvertError(f"{self.model_dir}: no tensor {name} (the checkpoint does not match its config.json)")
 
+    def has(self, name: str) -> bool:
+        try:
+            return bool(self._name(name))
+        except ConvertError:
+            return False
+
     def get(self, name: str) -> torch.Tensor:
         name = self._name(name)
         with safe_open(os.path.join(self.model_dir, self.weight_map[name]), framework="pt") as f:

@@ -164,26 +164,49 @@ def _mla_rules(spec: ModelSpec, m: str, h: str) -> Iterator[Rule]:
         yield Rule(m + megatron, (h + hf,), _same, _one)
 
 
-def _llama_rules(spec: ModelSpec, cut: dict[str, torch.Tensor]) -> Iterator[Rule]:
-    qkv_in, qkv_out = _qkv(spec)
-    yield Rule(VOCAB_TENSORS[0], ("model.embed_tokens.weight",), *_vocab(spec, "model.embed_tokens.weight", cut))
-    for i in range(spec.num_layers):
-        m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
-        yield Rule(m + "input_layernorm.weight", (h + "input_layernorm.weight",), _same, _one)
-        if spec.mla is not None:
-            yield from _mla_rules(spec, m + "self_attention.", h + "self_attn.")
-        for kind in ("weight", "bias") if spec.qkv_bias else ("weight",) if spec.mla is None else ():
+def _copies(hf: tuple[str, ...], rule: tuple[Callable, Callable]) -> tuple[tuple[str, ...], Callable, Callable]:
+    """One megatron-core tensor saved under several HF names (DeepSeek-V3's MTP layer repeats the
+    embedding and the output layer): read from the first, written to each."""
+    to_megatron, to_hf = rule
+    return hf, lambda ts: to_megatron(ts[:1]), lambda t: to_hf(t) * len(hf)
+
+
+def _layer_rules(spec: ModelSpec, i: int, m: str, h: str) -> Iterator[Rule]:
+    """One decoder layer (``i``: whose MLP kind it has) from megatron-core prefix ``m``, HF prefix ``h``."""
+    yield Rule(m + "input_layernorm.weight", (h + "input_layernorm.weight",), _same, _one)
+    if spec.mla is not None:
+        yield from _mla_rules(spec, m + "self_attention.", h + "self_attn.")
+    else:
+        qkv_in, qkv_out = _qkv(spec)
+        for kind in ("weight", "bias") if spec.qkv_bias else ("weight",):
             names = tuple(f"{h}self_attn.{p}_proj.{kind}" for p in "qkv")
             yield Rule(f"{m}self_attention.linear_qkv.{kind}", names, qkv_in, qkv_out)
-        if spec.qk_layernorm and spec.mla is None:  # per-head norms of q and k: [kv_channels] both sides
-            for p in "qk":
-                yield Rule(f"{m}self_attention.{p}_layernorm.weight", (f"{h}self_attn.{p}_norm.weight",), _same, _one)
-        yield Rule(m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",), _same, _one)
-        yield Rule(m + "pre_mlp_layernorm.weight", (h + "post_attention_layernorm.weight",), _same, _one)
-        yield from _mlp_rules(spec, i, m, h)
+    if spec.qk_layernorm and spec.mla is None:  # per-head norms of q and k: [kv_channels] both sides
+        for p in "qk":
+            yield Rule(f"{m}self_attention.{p}_layernorm.weight", (f"{h}self_attn.{p}_norm.weight",), _same, _one)
+    yield Rule(m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",), _same, _one)
+    yield Rule(m + "pre_mlp_layernorm.weight", (h + "post_attention_layernorm.weight",), _same, _one)
+    yield from _mlp_rules(spec, i, m, h)
+
+
+def _llama_rules(spec: ModelSpec, cut: dict[str, torch.Tensor]) -> Iterator[Rule]:
+    # DeepSeek-V3's MTP layers follow the decoder's in HF (model.layers.{num_layers + j}), each with
+    # copies of the embedding and the output layer, which megatron-core's MTP block shares
+    mtp = [f"model.layers.{spec.num_layers + j}." for j in range(spec.mtp_layers)]
+    embedding = ("model.embed_tokens.weight", *(h + "embed_tokens.weight" for h in mtp))
+    yield Rule(VOCAB_TENSORS[0], *_copies(embedding, _vocab(spec, embedding[0], cut)))
+    for i in range(spec.num_layers):
+        yield from _layer_rules(spec, i, f"decoder.layers.{i}.", f"model.layers.{i}.")
     yield Rule("decoder.final_layernorm.weight", ("model.norm.weight",), _same, _one)
+    for j, h in enumerate(mtp):
+        m = f"mtp.layers.{j}."
+        for megatron, hf in (("enorm", "enorm"), ("hnorm", "hnorm"), ("final_layernorm", "shared_head.norm")):
+            yield Rule(f"{m}{megatron}.weight", (f"{h}{hf}.weight",), _same, _one)
+        yield Rule(m + "eh_proj.weight", (h + "eh_proj.weight",), _same, _one)  # [embedding; hidden] both sides
+        yield from _layer_rules(spec, spec.num_layers - 1, m + "transformer_layer.", h)  # the last layer's kind
     if not spec.tied_embeddings:
-        yield Rule(VOCAB_TENSORS[1], ("lm_head.weight",), *_vocab(spec, "lm_head.weight", cut))
+        output = ("lm_head.weight", *(h + "shared_head.head.weight" for h in mtp))
+        yield Rule(VOCAB_TENSORS[1], *_copies(output, _vocab(spec, output[0], cut)))
 
 
 def _gpt2_rules(spec: ModelSpec, cut: dict[str, torch.Tensor]) -> Iterator[Rule]:

@@ -106,7 +106,7 @@ def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def _piece_of(name: str) -> str:
     """The piece a state-dict entry is saved or loaded with: its layer, or the top-level module."""
-    if name.startswith("decoder.layers."):
+    if name.startswith(("decoder.layers.", "mtp.layers.")):
         return ".".join(name.split(".")[:3])
     return "output" if name.startswith(("decoder.final_layernorm", "output_layer")) else name.split(".")[0]
 
@@ -140,7 +140,8 @@ class _Piece:
     def __init__(self, sharded_state_dict: dict) -> None:
         self.sharded = sharded_state_dict
 
-    def sharded_state_dict(self) -> dict:
+    def sharded_state_dict(self, metadata: dict | None = None) -> dict:
+        # metadata (the DP x CP group the trainer passes) sets replica ids: one process owns every chunk
         return self.sharded
 
 
