@@ -16,7 +16,7 @@
 #     DATA_PATH= TOKENIZER_TYPE=NullTokenizer TOKENIZER_MODEL= EXTRA_ARGS="--mock-data --vocab-size 1024" \
 #     bash scripts/pretrain_gpt_8x2.sh --node-rank 0   # and --node-rank 1 in a second shell
 # An empty DATA_PATH, TOKENIZER_MODEL or CHECKPOINT_SAVE drops those flags; DTYPE=fp32 drops --bf16
-# (the cpu target); SEQUENCE_PARALLEL=0 / DISTRIBUTED_OPTIMIZER=0 drop those flags.
+# (the cpu target); SEQUENCE_PARALLEL=0 / DISTRIBUTED_OPTIMIZER=0 / EXIT_SIGNAL_HANDLER=0 drop those flags.
 set -euo pipefail
 
 # ---- paths --------------------------------------------------------------------------------
@@ -61,6 +61,7 @@ EVAL_INTERVAL=${EVAL_INTERVAL:-1000}
 EVAL_ITERS=${EVAL_ITERS:-10}
 LOG_INTERVAL=${LOG_INTERVAL:-1}
 TIMING_LOG_LEVEL=${TIMING_LOG_LEVEL:-1}  # 2 adds per-group communication bytes to LOG_DIR/timers
+EXIT_SIGNAL_HANDLER=${EXIT_SIGNAL_HANDLER:-1}  # SIGTERM: save and exit (one small world all-reduce per iteration)
 EXTRA_ARGS=${EXTRA_ARGS:-}
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -170,7 +171,8 @@ if [ -n "$TOKENIZER_MODEL" ]; then DATA_ARGS+=(--tokenizer-model "$TOKENIZER_MOD
 # What a long job needs: a SIGTERM (a scheduler's preemption, passed on by torchrun) finishes the iteration
 # in flight, saves and exits (--exit-signal-handler); checkpoints saved and resumed from the same directory;
 # logs, timers and TensorBoard under LOG_DIR.
-OUTPUT_ARGS=(--exit-signal-handler)
+OUTPUT_ARGS=()
+if [ "$EXIT_SIGNAL_HANDLER" = "1" ]; then OUTPUT_ARGS+=(--exit-signal-handler); fi
 if [ -n "$CHECKPOINT_SAVE" ]; then
     OUTPUT_ARGS+=(--save "$CHECKPOINT_SAVE" --save-interval "$SAVE_INTERVAL" --ckpt-format torch_dist)
 fi

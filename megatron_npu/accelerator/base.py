@@ -278,7 +278,11 @@ class Accelerator(abc.ABC):
         """torch.profiler activities that see this device's work (host only by default)."""
         return [torch.profiler.ProfilerActivity.CPU]
 
-    def profiler(self) -> Any:
+    #: What ``profiler(trace_dir, name)`` leaves in trace_dir: "chrome" (the caller exports NAME.json with
+    #: export_chrome_trace), or a tool's own layout the profiler writes itself when it stops.
+    profiler_output = "chrome"
+
+    def profiler(self, trace_dir: str | None = None, name: str = "trace") -> Any:
         """A profiler over this device's work: a context manager with export_chrome_trace(path)."""
         return torch.profiler.profile(activities=self.profiler_activities())
 

@@ -133,6 +133,8 @@ def _derive_log_dir(args: argparse.Namespace) -> None:
     """The timers JSON, layout.json and metrics.jsonl go to --log-dir, else --tensorboard-dir, else SAVE/logs."""
     if args.log_dir is None:
         args.log_dir = args.tensorboard_dir or (os.path.join(args.save, "logs") if args.save else None)
+    if args.profile and args.log_dir is None:  # else the traces would have nowhere to go: not silently off
+        raise ConfigError("--profile writes its traces to LOG_DIR/profile/: give --log-dir (or --tensorboard-dir)")
 
 
 def _build_sections(args: argparse.Namespace) -> None:

@@ -210,10 +210,19 @@ def methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
 
 def test_the_profiler_we_start_on_npu_exists_with_chrome_export(wheel):
     used = npu_attributes_used("_torch_npu", "profiler")
-    assert used == {"profile", "ProfilerActivity"}
+    assert used == {"profile", "ProfilerActivity", "tensorboard_trace_handler"}
     assert used <= module_names(wheel, "torch_npu/profiler/__init__.py")
     found = classes(wheel, "torch_npu/profiler/profiler.py")
     profile = found["profile"]
+    # --profile with a log dir: on_trace_ready=tensorboard_trace_handler(dir, worker_name=...), the writer of
+    # the per-rank *_ascend_pt output MindStudio Insight reads
+    assert "on_trace_ready" in [a.arg for a in methods(profile)["__init__"].args.kwonlyargs]
+    handler = next(
+        node
+        for node in ast.parse(wheel.read("torch_npu/profiler/profiler.py").decode()).body
+        if isinstance(node, ast.FunctionDef) and node.name == "tensorboard_trace_handler"
+    )
+    assert [a.arg for a in handler.args.args][:2] == ["dir_name", "worker_name"]
     # StepProfiler: with-block (__enter__/__exit__), then export_chrome_trace(path)
     assert {"__enter__", "__exit__"} <= methods(profile).keys()
     assert [b.id for b in profile.bases if isinstance(b, ast.Name)] == ["_KinetoProfile"]
