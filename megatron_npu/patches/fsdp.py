@@ -339,3 +339,44 @@ register(
     "any model sharded param'); unmatched DTensor parameters are matched by their local shard's storage",
     subsystem=SUBSYSTEM,
 )(lambda original, accelerator: match_dtensor_params_by_storage(original))
+
+
+class ParametersByName:
+    """The model as megatron-core's ``handle_swiglu_in_state_dict`` reads it: its ``config`` and its parameters by
+    name, the wrappers' ``module.`` prefixes or not. That function looks model-state keys up as ``module.{key}`` and
+    optimizer-state keys with their ``module.`` cut off, on the one model it is given: no model answers both (a
+    wrapped one lacks the bare names, an unwrapped one the prefixed), so every SwiGLU save under Megatron-FSDP
+    raised: Megatron-LM passes the unwrapped GPTModel ("GPTModel has no attribute `module`"), this trainer the
+    wrapper ("MegatronFSDP has no attribute `decoder`")."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        inner = model
+        while isinstance(getattr(inner, "module", None), torch.nn.Module):  # FullyShardedDataParallel, MegatronFSDP
+            inner = inner.module
+        self.module = inner
+        if hasattr(inner, "config"):
+            self.config = inner.config
+
+    def get_parameter(self, name: str) -> torch.nn.Parameter:
+        while name.startswith("module."):
+            name = name[len("module.") :]
+        return self.module.get_parameter(name)
+
+
+@register(
+    "megatron.core.transformer.fsdp_dtensor_checkpoint.handle_swiglu_in_state_dict.parameter_names",
+    "megatron.core.transformer.fsdp_dtensor_checkpoint:handle_swiglu_in_state_dict",
+    # the two lookups (model keys as module.{key}, optimizer keys with module. cut off) in 0.14.0 ... 0.19.2
+    megatron_versions=">=0.14.0,<0.20",
+    reason="looks parameters up as module.{key} for the model state and with module. cut off for the optimizer "
+    "state, on one model: every --swiglu fsdp_dtensor save raises (Megatron-LM passes the unwrapped GPTModel: "
+    "'GPTModel has no attribute module'; a known megatron-core defect, NVIDIA/Megatron-LM issue #5265, "
+    "NVIDIA-NeMo/Megatron-Bridge #4236); the model it gets answers both names",
+    subsystem=SUBSYSTEM,
+)
+def _handle_swiglu_in_state_dict(original: Callable, accelerator: Accelerator) -> Callable:
+    @functools.wraps(original)
+    def handle_swiglu_in_state_dict(model: torch.nn.Module, model_state_dict: Any, optimizer_state_dict: Any) -> Any:
+        return original(ParametersByName(model), model_state_dict, optimizer_state_dict)
+
+    return handle_swiglu_in_state_dict
