@@ -71,9 +71,11 @@ def moe_losses(args: argparse.Namespace, num_microbatches: int, iteration: int, 
     # Every rank needs every name (a pipeline stage with no MoE layer still joins the reduce):
     # megatron-core's force_initialize allocates them on device "cuda" literally, so they are made here.
     tracker = get_moe_layer_wise_logging_tracker()
+    # megatron-core's router sizes the tracker with the MTP layers too: every stage must hold the same size
+    layers = args.num_layers + (args.mtp_num_layers or 0)
     for name in names:
         if name not in tracker:
-            values = torch.zeros(args.num_layers, device=get_accelerator().device())
+            values = torch.zeros(layers, device=get_accelerator().device())
             tracker[name] = {"values": values, "reduce_group": None, "avg_group": None, "reduce_group_has_dp": False}
     totals: dict[str, Any] = {}
     track_moe_metrics(
@@ -86,6 +88,7 @@ def moe_losses(args: argparse.Namespace, num_microbatches: int, iteration: int, 
         track_names=names,
         num_layers=args.num_layers,
         moe_layer_freq=args.moe_layer_freq,
+        mtp_num_layers=args.mtp_num_layers,  # as Megatron-LM's training_log: the mean counts MTP's MoE layers
     )
     return {name: float(value) for name, value in totals.items()}
 
