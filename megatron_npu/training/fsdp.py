@@ -76,21 +76,32 @@ def fsdp_dtensor_state(model: list, optimizer: Any, scheduler: Any, *, optim: bo
     dict of DTensors, the distributed optimizer's DTensor state, the scheduler; prepared by
     megatron-core's own helpers as Megatron-LM's ``preprocess_fsdp_dtensor_state_dict`` does (modules'
     ``_extra_state`` dropped, SwiGLU's fused fc1 split in two, uneven DTensor shards described)."""
-    from megatron.core.distributed.fsdp.src.megatron_fsdp.uneven_dtensor import (
-        preprocess_state_dict_for_uneven_dtensor,
-    )
-    from megatron.core.transformer.fsdp_dtensor_checkpoint import (
-        handle_experts_in_state_dict,
-        handle_fp8_extra_state_case,
-        handle_swiglu_in_state_dict,
-    )
-
     (chunk,) = model  # Megatron-FSDP runs without pipeline stages here (fsdp_args.py)
+    state = _unprepared_state(chunk, optimizer, scheduler, optim=optim, loading=loading)
+    return _prepared_for_dcp(chunk, state)
+
+
+def _unprepared_state(chunk: Any, optimizer: Any, scheduler: Any, *, optim: bool, loading: bool) -> dict[str, Any]:
+    """The model's and optimizer's state dicts before fsdp_dtensor's renaming and splitting."""
+    from megatron.core.transformer.fsdp_dtensor_checkpoint import handle_fp8_extra_state_case
+
     state: dict[str, Any] = {"model": chunk.state_dict_for_save_checkpoint()}
     handle_fp8_extra_state_case(state["model"])  # Megatron-LM keeps no ``_extra_state`` in this format
     if optim:
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=loading, metadata=FSDP_DTENSOR_METADATA)
         state["opt_param_scheduler"] = scheduler.state_dict()
+    return state
+
+
+def _prepared_for_dcp(chunk: Any, state: dict[str, Any]) -> dict[str, Any]:
+    from megatron.core.distributed.fsdp.src.megatron_fsdp.uneven_dtensor import (
+        preprocess_state_dict_for_uneven_dtensor,
+    )
+    from megatron.core.transformer.fsdp_dtensor_checkpoint import (
+        handle_experts_in_state_dict,
+        handle_swiglu_in_state_dict,
+    )
+
     if chunk.config.gated_linear_unit:
         state["model"], optim_state = handle_swiglu_in_state_dict(chunk, state["model"], state.get("optimizer"))
         if optim_state is not None:
@@ -153,11 +164,18 @@ def load_checkpoint(
     DP size) and return the loaded state (``optimizer``, ``opt_param_scheduler``, ``rng_state`` for the
     caller: the optimizer's param groups and the scheduler are loaded from it).
     ``rng``: this rank's current states, the structure to load the saved ones into (None: not loaded)."""
-    state = fsdp_dtensor_state(model, optimizer, scheduler, optim=optim, loading=True)
+    (chunk,) = model
+    unprepared = _unprepared_state(chunk, optimizer, scheduler, optim=optim, loading=True)
+    # as Megatron-LM's load: the optimizer gets its own state dict back after the in-place load, not the one
+    # handle_swiglu_in_state_dict split into fc1's _w / _v halves (the resumed steps drifted, rel 2e-5)
+    optimizer_state = unprepared["optimizer"].copy() if optim else None
+    state = _prepared_for_dcp(chunk, unprepared)
     if rng is not None:
         state["rng_state"] = _rng_entry(rng)
     # in place: the state dicts hold the parameters' and the optimizer's own DTensors
     dcp.load(state, storage_reader=dcp.FileSystemReader(directory))
+    if optimizer_state is not None:
+        state["optimizer"] = optimizer_state
     # the loaded (main) weights into the weights the forward gathers: what Megatron-FSDP's hook after
     # load_state_dict does (Megatron-LM triggers it through a load_state_dict that copies nothing)
     for chunk in model:

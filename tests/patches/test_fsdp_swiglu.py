@@ -87,12 +87,5 @@ def test_this_trainer_saves_and_megatron_lm_resumes_at_another_dp_size(resumes):
 
 @pytest.mark.launch
 @UPSTREAM
-@pytest.mark.xfail(
-    strict=True,
-    reason="megatron_npu/training/fsdp.py's load_checkpoint hands optimizer.load_state_dict the state dict "
-    "handle_swiglu_in_state_dict split (fc1's _w / _v keys); Megatron-LM restores the unsplit one after the DCP load "
-    "(checkpointing.py, raw_optimizer_state_dict): the second resumed iteration is off (rel 2e-5 measured here; "
-    "with the unsplit state restored: exact)",
-)
 def test_this_trainer_resumes_the_optimizer_state_of_a_swiglu_model(resumes):
     assert resumes["ours"][4] == pytest.approx(resumes["uninterrupted"][4], rel=1e-5)
