@@ -4,6 +4,7 @@ flags (the converter's mapping), read and validated by the trainer's own parser 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from megatron_npu.layout.memory import model_spec_from_args as memory_model_spec
 from megatron_npu.layout.model_spec import ModelSpec
@@ -69,6 +70,20 @@ def parse_trainer_args(argv: list[str], world_size: int) -> argparse.Namespace:
 
 
 def rank_map_for(args: argparse.Namespace, a: argparse.Namespace) -> RankMap:
+    return with_stage_split(_rank_map(args, a), args)
+
+
+def with_stage_split(rmap: RankMap, args: argparse.Namespace) -> RankMap:
+    """The rank map with the run's uneven first / last pipeline stages (where ParallelDims has them)."""
+    first = getattr(args, "decoder_first_pipeline_num_layers", None)
+    last = getattr(args, "decoder_last_pipeline_num_layers", None)
+    if first is None and last is None:
+        return rmap
+    dims = dataclasses.replace(rmap.dims, first_stage_layers=first, last_stage_layers=last)
+    return dataclasses.replace(rmap, dims=dims)
+
+
+def _rank_map(args: argparse.Namespace, a: argparse.Namespace) -> RankMap:
     return build_rank_map(
         tp=args.tensor_model_parallel_size,
         pp=args.pipeline_model_parallel_size,

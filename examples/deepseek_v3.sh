@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# DeepSeek-V3 (671B: MLA, 256 experts top-8 + a shared expert, 3 dense layers, MTP) on 64 Atlas 800T A2 nodes (512 x 910B, 64 GB).
+# Layout chosen by hand, not by `plan --search` (a search over 512 ranks took longer than this recipe's
+# session had): TP 1 x PP 8 x DP 64, EP 64, stages of 7 / 8 (x 6) / 6 layers, MTP on the last stage,
+# micro-batch 1, full recompute, distributed optimizer. Checked with
+#   megatron-npu plan --nnodes 64 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 1024
+#   predicted memory: 77.0 (first stage) .. 88.9 (last) GB per card, over 64 GB: the memory model prices
+#   dropless routing at its upper bound (every token of the EP group routed to this rank's 4 experts), far
+#   above a balanced router's bytes at EP 64; measure with --memory-report --log-dir DIR on a short run first.
+#   predicted throughput: 250 tokens/s per NPU, MFU 18.4% (a model: megatron_npu/layout/step_time.py).
+#
+# Data and checkpoint (once, on shared storage):
+#   megatron-npu preprocess --input corpus.jsonl --output-prefix /data/deepseek/corpus \
+#       --tokenizer-type HuggingFaceTokenizer --tokenizer-model /data/hf/DeepSeek-V3-bf16 --append-eod --workers 32
+#   megatron-npu convert to-megatron /data/hf/DeepSeek-V3-bf16 /data/deepseek/v3-mcore --tp $TP --pp $PP --ep $EP   # (DeepSeek-V3 is not yet among convert's families: issue 35)
+#
+# Run: bash examples/deepseek_v3.sh [--node-rank N] [--dry-run]   (HOSTS=ip0,ip1,... in node-rank order;
+# --dry-run prints every node's environment and command and runs nothing). The launcher is
+# scripts/pretrain_gpt_8x2.sh (node list, HCCL environment, rank-map check, checkpoints, logs).
+#
+# Every size and degree below is an environment variable (e.g. NUM_LAYERS=2 HIDDEN_SIZE=64); the CPU
+# smoke test tests/examples/test_recipes.py runs this script scaled down that way for 2 iterations.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+export NNODES="${NNODES-64}"
+export NPROC_PER_NODE="${NPROC_PER_NODE-8}"
+export TP="${TP-1}"
+export PP="${PP-8}"
+export CP="${CP-1}"
+export VPP="${VPP-0}"
+export EP="${EP-64}"
+export FIRST_STAGE_LAYERS="${FIRST_STAGE_LAYERS-7}"
+export LAST_STAGE_LAYERS="${LAST_STAGE_LAYERS-6}"
+export MICRO_BATCH_SIZE="${MICRO_BATCH_SIZE-1}"
+export RECOMPUTE="${RECOMPUTE-full}"
+export NUM_LAYERS="${NUM_LAYERS-61}"
+export HIDDEN_SIZE="${HIDDEN_SIZE-7168}"
+export NUM_ATTENTION_HEADS="${NUM_ATTENTION_HEADS-128}"
+export Q_LORA_RANK="${Q_LORA_RANK-1536}"
+export KV_LORA_RANK="${KV_LORA_RANK-512}"
+export QK_HEAD_DIM="${QK_HEAD_DIM-128}"
+export QK_POS_EMB_HEAD_DIM="${QK_POS_EMB_HEAD_DIM-64}"
+export V_HEAD_DIM="${V_HEAD_DIM-128}"
+export FFN_HIDDEN_SIZE="${FFN_HIDDEN_SIZE-18432}"
+export NUM_EXPERTS="${NUM_EXPERTS-256}"
+export MOE_ROUTER_TOPK="${MOE_ROUTER_TOPK-8}"
+export MOE_FFN_HIDDEN_SIZE="${MOE_FFN_HIDDEN_SIZE-2048}"
+export DENSE_LAYERS="${DENSE_LAYERS-3}"
+export MTP_NUM_LAYERS="${MTP_NUM_LAYERS-1}"
+export SEQ_LENGTH="${SEQ_LENGTH-4096}"
+export GLOBAL_BATCH_SIZE="${GLOBAL_BATCH_SIZE-1024}"
+export HOSTS="${HOSTS-$(seq -f '192.168.10.%g' -s , 1 "$NNODES")}"  # bootstrap addresses, node-rank order
+export DATA_PATH="${DATA_PATH-/data/deepseek/corpus_text_document}"
+export TOKENIZER_TYPE="${TOKENIZER_TYPE-HuggingFaceTokenizer}"
+export TOKENIZER_MODEL="${TOKENIZER_MODEL-/data/hf/DeepSeek-V3-bf16}"
+export CHECKPOINT_LOAD="${CHECKPOINT_LOAD-/data/deepseek/v3-mcore}"
+export CHECKPOINT_SAVE="${CHECKPOINT_SAVE-/data/deepseek/v3-ckpt}"
+export LOG_DIR="${LOG_DIR-./logs/deepseek_v3}"
+
+ARGS=(
+    --multi-latent-attention --q-lora-rank "$Q_LORA_RANK" --kv-lora-rank "$KV_LORA_RANK" --qk-head-dim "$QK_HEAD_DIM" --qk-pos-emb-head-dim "$QK_POS_EMB_HEAD_DIM" --v-head-dim "$V_HEAD_DIM" --qk-layernorm
+    --ffn-hidden-size "$FFN_HIDDEN_SIZE" --num-experts "$NUM_EXPERTS" --moe-router-topk "$MOE_ROUTER_TOPK" --moe-ffn-hidden-size "$MOE_FFN_HIDDEN_SIZE" --moe-shared-expert-intermediate-size "$MOE_FFN_HIDDEN_SIZE"
+    --moe-layer-freq "([0]*$DENSE_LAYERS+[1]*$((NUM_LAYERS - DENSE_LAYERS)))" --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.5
+    --moe-token-dispatcher-type alltoall --moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 1e-4 --moe-grouped-gemm
+    --mtp-num-layers "$MTP_NUM_LAYERS" --mtp-loss-scaling-factor 0.1
+    --swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights --attention-dropout 0 --hidden-dropout 0
+    --use-flash-attn
+)
+if [ "$VPP" != "0" ]; then ARGS+=(--num-virtual-stages-per-pipeline-rank "$VPP"); fi
+if [ "${EP:-1}" != "1" ]; then ARGS+=(--expert-model-parallel-size "$EP"); fi
+if [ -n "${FIRST_STAGE_LAYERS:-}" ]; then  # uneven pipeline stages
+    ARGS+=(--decoder-first-pipeline-num-layers "$FIRST_STAGE_LAYERS" --decoder-last-pipeline-num-layers "$LAST_STAGE_LAYERS")
+fi
+case "$RECOMPUTE" in
+    none) ;;
+    full) ARGS+=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1) ;;
+    *) echo "deepseek_v3.sh: RECOMPUTE must be none or full, got '$RECOMPUTE'" >&2; exit 2 ;;
+esac
+export EXTRA_ARGS="${ARGS[*]} ${EXTRA_ARGS-}"
+exec bash "$HERE/../scripts/pretrain_gpt_8x2.sh" "$@"

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Qwen3-8B pretraining on 1 Atlas 800T A2 node (8 x 910B, 64 GB).
+# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster:
+#   megatron-npu plan --search --nnodes 1 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 128
+#   TP 2 x DP 4, micro-batch 1, no recompute, distributed optimizer, sequence parallelism;
+#   predicted memory: 56.2 GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
+#   predicted throughput: 4,083 tokens/s per NPU, MFU 56.6% (a model: megatron_npu/layout/step_time.py).
+#
+# Data and checkpoint (once, on shared storage):
+#   megatron-npu preprocess --input corpus.jsonl --output-prefix /data/qwen3/corpus \
+#       --tokenizer-type HuggingFaceTokenizer --tokenizer-model /data/hf/Qwen3-8B --append-eod --workers 32
+#   megatron-npu convert to-megatron /data/hf/Qwen3-8B /data/qwen3/8b-mcore --tp $TP --pp $PP
+#
+# Run: bash examples/qwen3_8b.sh [--node-rank N] [--dry-run]   (HOSTS=ip0,ip1,... in node-rank order;
+# --dry-run prints every node's environment and command and runs nothing). The launcher is
+# scripts/pretrain_gpt_8x2.sh (node list, HCCL environment, rank-map check, checkpoints, logs).
+#
+# Every size and degree below is an environment variable (e.g. NUM_LAYERS=2 HIDDEN_SIZE=64); the CPU
+# smoke test tests/examples/test_recipes.py runs this script scaled down that way for 2 iterations.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+export NNODES="${NNODES-1}"
+export NPROC_PER_NODE="${NPROC_PER_NODE-8}"
+export TP="${TP-2}"
+export PP="${PP-1}"
+export CP="${CP-1}"
+export VPP="${VPP-0}"
+export MICRO_BATCH_SIZE="${MICRO_BATCH_SIZE-1}"
+export RECOMPUTE="${RECOMPUTE-none}"
+export NUM_LAYERS="${NUM_LAYERS-36}"
+export HIDDEN_SIZE="${HIDDEN_SIZE-4096}"
+export NUM_ATTENTION_HEADS="${NUM_ATTENTION_HEADS-32}"
+export NUM_QUERY_GROUPS="${NUM_QUERY_GROUPS-8}"
+export KV_CHANNELS="${KV_CHANNELS-128}"
+export FFN_HIDDEN_SIZE="${FFN_HIDDEN_SIZE-12288}"
+export SEQ_LENGTH="${SEQ_LENGTH-4096}"
+export GLOBAL_BATCH_SIZE="${GLOBAL_BATCH_SIZE-128}"
+export HOSTS="${HOSTS-$(seq -f '192.168.10.%g' -s , 1 "$NNODES")}"  # bootstrap addresses, node-rank order
+export DATA_PATH="${DATA_PATH-/data/qwen3/corpus_text_document}"
+export TOKENIZER_TYPE="${TOKENIZER_TYPE-HuggingFaceTokenizer}"
+export TOKENIZER_MODEL="${TOKENIZER_MODEL-/data/hf/Qwen3-8B}"
+export CHECKPOINT_LOAD="${CHECKPOINT_LOAD-/data/qwen3/8b-mcore}"
+export CHECKPOINT_SAVE="${CHECKPOINT_SAVE-/data/qwen3/8b-ckpt}"
+export LOG_DIR="${LOG_DIR-./logs/qwen3_8b}"
+
+ARGS=(
+    --group-query-attention --num-query-groups "$NUM_QUERY_GROUPS" --kv-channels "$KV_CHANNELS" --ffn-hidden-size "$FFN_HIDDEN_SIZE"
+    --qk-layernorm --swiglu --normalization RMSNorm --norm-epsilon 1e-6 --position-embedding-type rope --rotary-base 1000000
+    --disable-bias-linear --untie-embeddings-and-output-weights --attention-dropout 0 --hidden-dropout 0
+    --use-flash-attn
+)
+if [ "$VPP" != "0" ]; then ARGS+=(--num-virtual-stages-per-pipeline-rank "$VPP"); fi
+if [ "${EP:-1}" != "1" ]; then ARGS+=(--expert-model-parallel-size "$EP"); fi
+if [ -n "${FIRST_STAGE_LAYERS:-}" ]; then  # uneven pipeline stages
+    ARGS+=(--decoder-first-pipeline-num-layers "$FIRST_STAGE_LAYERS" --decoder-last-pipeline-num-layers "$LAST_STAGE_LAYERS")
+fi
+case "$RECOMPUTE" in
+    none) ;;
+    full) ARGS+=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1) ;;
+    *) echo "qwen3_8b.sh: RECOMPUTE must be none or full, got '$RECOMPUTE'" >&2; exit 2 ;;
+esac
+export EXTRA_ARGS="${ARGS[*]} ${EXTRA_ARGS-}"
+exec bash "$HERE/../scripts/pretrain_gpt_8x2.sh" "$@"
