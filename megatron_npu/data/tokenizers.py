@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
+import sys
 from typing import Any
 
 from megatron_npu.data.legacy_tokenizers import (
@@ -142,7 +144,44 @@ def build_tokenizer(tokenizer_type: str, **options: Any) -> Any:
     return build(TokenizerOptions(tokenizer_type, **options))
 
 
+#: megatron-core's own tokenizers (megatron.core.tokenizers) are new in this release
+CORE_TOKENIZERS_SINCE = "0.15"
+
+
+def for_this_release(o: TokenizerOptions) -> TokenizerOptions:
+    """On a megatron-core without ``megatron.core.tokenizers`` (0.12-0.14) the legacy tokenizers, as that
+    release's Megatron-LM uses (it has no --legacy-tokenizer flag to ask for them), said once per process."""
+    if o.legacy_tokenizer or o.tokenizer_type not in _LEGACY_TYPES or _has_core_tokenizers():
+        return o
+    _say_legacy_once()
+    return dataclasses.replace(o, legacy_tokenizer=True)
+
+
+@functools.lru_cache(maxsize=1)
+def _has_core_tokenizers() -> bool:
+    from packaging.version import Version
+
+    from megatron_npu.version import installed_megatron_core, release_line
+
+    found = installed_megatron_core()  # read from the package metadata: preprocessing imports no megatron-core
+    return found is None or Version(release_line(found)) >= Version(CORE_TOKENIZERS_SINCE)
+
+
+@functools.lru_cache(maxsize=1)
+def _say_legacy_once() -> None:
+    from megatron_npu.version import installed_megatron_core
+
+    if os.environ.get("RANK", "0") == "0":
+        print(
+            f"megatron-npu: megatron-core {installed_megatron_core()} has no megatron.core.tokenizers: Megatron-LM's "
+            "legacy tokenizers are used, as that release's Megatron-LM does",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def build(o: TokenizerOptions) -> Any:
+    o = for_this_release(o)
     _check_files(o)
     return _build_legacy(o) if o.legacy_tokenizer else _build_core(o)
 
@@ -150,6 +189,7 @@ def build(o: TokenizerOptions) -> Any:
 def padded_vocab_size(o: TokenizerOptions, tokenizer: Any, divisible_by: int, tensor_parallel: int) -> int:
     """Megatron-LM pads the vocabulary of its global tokenizer, which is always the legacy one
     (megatron/training/global_vars.py); a type with no legacy class here pads its own size."""
+    o = for_this_release(o)
     if o.legacy_tokenizer or o.tokenizer_type not in _LEGACY_TYPES:
         size = tokenizer.vocab_size
     else:
@@ -160,6 +200,7 @@ def padded_vocab_size(o: TokenizerOptions, tokenizer: Any, divisible_by: int, te
 def preprocessing_encoder(o: TokenizerOptions) -> Any:
     """What preprocessing encodes with: ``vocab_size``, ``eod`` and
     ``tokenize_batch_arrays(texts)``, the ids ``build(o).tokenize`` gives each text."""
+    o = for_this_release(o)
     if o.legacy_tokenizer:
         return build(o)
     _check_files(o)
