@@ -21,6 +21,7 @@ import shlex
 import shutil
 import sys
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from megatron_npu.convert.hf_config import (
     ConvertError,
@@ -32,9 +33,15 @@ from megatron_npu.convert.hf_config import (
 )
 from megatron_npu.policy import ConfigError
 
+if TYPE_CHECKING:  # torch-free at import: the refusals come first
+    from megatron_npu.convert.hf_io import HFReader
+
 HF_CONFIG_DIR = "hf_config"
 # HF vocabulary rows past Megatron's padded count (no token uses them): kept beside the config.
 CUT_ROWS = "cut_vocab_rows.safetensors"
+# HF tensors kept in another dtype than the model's (DeepSeek-V3's fp32 score-correction bias in a bf16
+# model), by name: to-hf writes them back in it
+TENSOR_DTYPES = "tensor_dtypes.json"
 # Files of a model directory that are not weights: config, generation config, tokenizer.
 SIDE_FILES = (
     "config.json",
@@ -133,6 +140,10 @@ def _to_megatron(ns: argparse.Namespace) -> int:
     for pattern in SIDE_FILES:
         for path in glob.glob(os.path.join(ns.hf_dir, pattern)):
             shutil.copy(path, kept)
+    other_dtypes = _other_dtypes(spec, reader)
+    if other_dtypes:
+        with open(os.path.join(kept, TENSOR_DTYPES), "w") as f:
+            json.dump(other_dtypes, f, indent=1)
     print(f"peak memory (max RSS): {_peak_rss_gib():.2f} GiB")
     print(
         "train from it with pretrain_gpt.py and these flags (plus your data, batch and schedule flags; a tokenizer "
@@ -140,6 +151,16 @@ def _to_megatron(ns: argparse.Namespace) -> int:
     )
     print("    " + suggested_command(spec, ns.save_dir, ns.tp, ns.pp, ns.vpp, seq_length, ns.ep))
     return 0
+
+
+def _other_dtypes(spec: ModelSpec, reader: HFReader) -> dict[str, str]:
+    """HF tensors whose dtype is not the model's, by name (torch's dtype names)."""
+    from megatron_npu.convert.hf_io import DTYPES
+    from megatron_npu.convert.mapping import rules
+
+    names = {code: str(dtype).removeprefix("torch.") for dtype, code in DTYPES.items()}
+    found = {hf: names[reader.dtype(hf)] for rule in rules(spec) for hf in rule.hf if reader.has(hf)}
+    return {hf: dtype for hf, dtype in found.items() if dtype != spec.dtype}
 
 
 def _load_root(load_dir: str) -> tuple[str, int | None]:
@@ -184,7 +205,11 @@ def _to_hf(ns: argparse.Namespace) -> int:
         cut = load_file(os.path.join(config_dir, CUT_ROWS))
     elif glob.glob(os.path.join(config_dir, "*.safetensors")):
         cut = cut_vocab_rows(spec, HFReader(config_dir))
-    writer.add(megatron_to_hf(spec, checkpoint_dir(root, iteration), _progress, cut))
+    dtypes = {}
+    if os.path.isfile(os.path.join(config_dir, TENSOR_DTYPES)):
+        with open(os.path.join(config_dir, TENSOR_DTYPES)) as f:
+            dtypes = json.load(f)
+    writer.add(megatron_to_hf(spec, checkpoint_dir(root, iteration), _progress, cut, dtypes))
     writer.close()
     for pattern in SIDE_FILES:
         for path in glob.glob(os.path.join(config_dir, pattern)):

@@ -368,6 +368,12 @@ def model_spec(
             "use the model's own tokenizer (or pass its size with --tokenizer-vocab-size)"
         )
     divisible_by, padded = _divisible_by(tokenizer_vocab, vocab, tp)
+    if cfg.get("quantization_config"):
+        method = cfg["quantization_config"].get("quant_method", "?")
+        raise ConvertError(
+            f"{arch} with quantized weights ({method}): dequantize them to bf16 first (the converter maps plain "
+            "float32, bfloat16 or float16 tensors)"
+        )
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ConvertError(f"weights in {dtype}: only float32, bfloat16 and float16 models are converted")

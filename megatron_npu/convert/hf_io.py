@@ -58,6 +58,12 @@ class HFReader:
         except ConvertError:
             return False
 
+    def dtype(self, name: str) -> str:
+        """The tensor's safetensors dtype (``F32``, ``BF16``, ...), read from its shard's header."""
+        name = self._name(name)
+        with safe_open(os.path.join(self.model_dir, self.weight_map[name]), framework="pt") as f:
+            return f.get_slice(name).get_dtype()
+
     def get(self, name: str) -> torch.Tensor:
         name = self._name(name)
         with safe_open(os.path.join(self.model_dir, self.weight_map[name]), framework="pt") as f:

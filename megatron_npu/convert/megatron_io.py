@@ -184,11 +184,17 @@ def _merge(staging: Pieces, out_dir: str) -> Callable[[int], None]:
 
 
 def megatron_to_hf(
-    spec: ModelSpec, directory: str, progress: Progress, cut: dict[str, torch.Tensor] | None = None
+    spec: ModelSpec,
+    directory: str,
+    progress: Progress,
+    cut: dict[str, torch.Tensor] | None = None,
+    dtypes: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Read a checkpoint of any layout piece by piece (each tensor's chunks of one layer,
     whatever TP x PP saved them); yield HF tensors one rule at a time. ``cut``: the vocabulary
-    rows the import cut (``cut_vocab_rows``), put back."""
+    rows the import cut (``cut_vocab_rows``), put back; ``dtypes``: HF tensors kept in another
+    dtype than the model's, by name."""
+    other = {name: getattr(torch, dtype) for name, dtype in (dtypes or {}).items()}
     model, _ = meta_model(spec)
     params = _params(model)
     by_name = {r.megatron: r for r in rules(spec, cut)}
@@ -219,7 +225,8 @@ def megatron_to_hf(
             target = targets[key][1]
             with torch.no_grad():
                 tensors = by_name[name].to_hf(target if expert is None else target[expert])
-            yield from zip(by_name[name].hf, [t.to(dtype) for t in tensors], strict=True)
+            for hf_name, tensor in zip(by_name[name].hf, tensors, strict=True):
+                yield hf_name, tensor.to(other.get(hf_name, dtype))
             done += 1
         progress(f"  {piece}: {done}/{len(by_name)} tensors ({time.monotonic() - start:.0f} s)")
 

@@ -1,10 +1,13 @@
 """`megatron-npu convert`: Hugging Face models to pretrain_gpt.py checkpoints and back.
 
 No hub access: each family is a small randomly initialised transformers model saved with
-save_pretrained. Three jobs: every model converted and exported back in one process; a
-4-rank job loading each checkpoint under TP1, TP2 x PP2 (and PP2 x VPP2) and comparing
-logits with transformers'; pretrain_gpt.py continuing a converted LLaMA under TP2 x PP2,
-whose trained checkpoint is then exported and loaded by transformers.
+save_pretrained (DeepSeek-V3's MTP layer, which transformers does not save, added as DeepSeek's
+checkpoints hold it). Jobs: every model converted and exported back in one process; a 4-rank job
+loading each checkpoint under TP1, TP2 x PP2 (PP2 x VPP2 for LLaMA, TP2 x EP2 with SP for the MoE
+families) and comparing logits with transformers'; pretrain_gpt.py continuing a converted LLaMA
+under TP2 x PP2, whose trained checkpoint is then exported and loaded by transformers; one
+pretrain_gpt.py job per new family (first loss equal to transformers', a lr-0 save exported bit
+for bit).
 """
 
 from __future__ import annotations
@@ -28,6 +31,19 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB, SEQ = 128, 32
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, max_position_embeddings=64)
+DEEPSEEK = dict(
+    **COMMON,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    first_k_dense_replace=1,
+    kv_lora_rank=16,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    routed_scaling_factor=2.5,
+)
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 500000.0,
@@ -77,8 +93,32 @@ CONFIGS = {
     "mixtral": lambda: transformers.MixtralConfig(
         **COMMON, num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2
     ),
+    # MLA with q LoRA, a dense first layer, shared experts, sigmoid group-limited routing with the
+    # score-correction bias and a scaling factor, YaRN
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(
+        **DEEPSEEK,
+        q_lora_rank=32,
+        n_group=2,
+        topk_group=2,
+        num_experts_per_tok=4,
+        n_shared_experts=1,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 1e4,
+            "factor": 4.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 4096,  # megatron-core's MLA YaRN: fixed there
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+        },
+    ),
+    # MLA without q LoRA, two shared experts, ungrouped top-2, plain RoPE
+    "deepseek_v3-noq": lambda: transformers.DeepseekV3Config(
+        **DEEPSEEK, q_lora_rank=None, n_group=1, topk_group=1, num_experts_per_tok=2, n_shared_experts=2
+    ),
 }
-MOE = ["qwen3_moe", "mixtral"]
+MOE = ["qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v3-noq"]
 # Qwen2.5's vocabulary in small: 300 rows, a 200-token tokenizer. No power of two pads 200 to 300,
 # so Megatron-LM's 128 x TP2 gives 256 rows: the 44 past them are cut and must come back.
 CUT_VOCAB = lambda: transformers.Qwen2Config(  # noqa: E731
@@ -100,6 +140,10 @@ def _random_model(family: str, config: object = None) -> torch.nn.Module:
         for name, p in model.named_parameters():
             is_scale = p.dim() == 1 and ("norm" in name or "ln_" in name) and name.endswith("weight")
             p.copy_(1 + 0.1 * torch.randn_like(p) if is_scale else 0.08 * torch.randn_like(p))
+        saved = model.state_dict()
+        for name, b in model.named_buffers():
+            if name in saved and b.is_floating_point():  # DeepSeek-V3's score-correction bias
+                b.copy_(0.1 * torch.randn_like(b))
     return model
 
 
@@ -126,11 +170,23 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
         if family == "llama":  # bf16 weights too (the model keeps its norm scales in fp32)
             model.to(torch.bfloat16).save_pretrained(root / "llama-bf16" / "hf")
             bf16 = {k: str(root / "llama-bf16" / k) for k in ("hf", "megatron", "back")}
+        if family == "deepseek_v3":  # bf16 with the score-correction bias in fp32, as DeepSeek's own
+            model.to(torch.bfloat16)
+            for name, buffer in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.data = buffer.data.float()
+            model.save_pretrained(root / "deepseek_v3-bf16" / "hf")
+            ds_bf16 = {k: str(root / "deepseek_v3-bf16" / k) for k in ("hf", "megatron", "back")}
+            ds_bf16["convert"] = ["--tp", "2", "--ep", "2"]
+    _with_mtp_layer(root / "deepseek_v3" / "hf", root / "deepseek_v3-mtp" / "hf")
+    mtp = {k: str(root / "deepseek_v3-mtp" / k) for k in ("hf", "megatron", "back")}
+    mtp["convert"] = cases["deepseek_v3"]["convert"]
+    sample_loss["deepseek_v3-mtp"] = sample_loss["deepseek_v3"]  # transformers runs no MTP layer
     _random_model("qwen2", CUT_VOCAB()).save_pretrained(root / "qwen2-cut" / "hf")
     _save_tokenizer(root / "qwen2-cut" / "hf", 200)  # the converter counts it from the directory
     cut = {k: str(root / "qwen2-cut" / k) for k in ("hf", "megatron", "back")}
     cases_file = root / "cases.json"
-    roundtrip_only = {"llama-bf16": bf16, "qwen2-cut": cut}
+    roundtrip_only = {"llama-bf16": bf16, "qwen2-cut": cut, "deepseek_v3-mtp": mtp, "deepseek_v3-bf16": ds_bf16}
     everything = {
         "models": cases,
         "layouts": LAYOUTS,
@@ -141,7 +197,31 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
     cases_file.write_text(json.dumps(everything))
     roundtrip = run([sys.executable, str(ROOT / "tests/fixtures/convert_roundtrip.py"), str(cases_file)]).check()
     roundtrip_results = {r["model"]: r for r in roundtrip.results()}
+    cases = {**cases, "deepseek_v3-mtp": mtp}
     return {"cases": cases, "file": cases_file, "roundtrip": roundtrip_results, "sample_loss": sample_loss}
+
+
+def _with_mtp_layer(source: Path, target: Path) -> None:
+    """DeepSeek-V3 with its MTP layer, as the published checkpoints hold it (transformers saves none):
+    model.layers.{L} with a decoder layer's tensors (re-randomised), enorm, hnorm, eh_proj,
+    shared_head.norm and copies of the embedding and lm_head."""
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((source / "config.json").read_text())
+    layers, hidden = config["num_hidden_layers"], config["hidden_size"]
+    tensors = load_file(source / "model.safetensors")
+    last, mtp = f"model.layers.{layers - 1}.", f"model.layers.{layers}."
+    for name, value in list(tensors.items()):
+        if name.startswith(last):
+            tensors[mtp + name[len(last) :]] = value + 0.05 * torch.randn_like(value)
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        tensors[f"{mtp}{norm}.weight"] = 1 + 0.1 * torch.randn(hidden)
+    tensors[mtp + "eh_proj.weight"] = 0.08 * torch.randn(hidden, 2 * hidden)  # [embedding; hidden] in
+    tensors[mtp + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    tensors[mtp + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+    target.mkdir(parents=True)
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    (target / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
 
 
 def _save_tokenizer(model_dir: Path, tokens: int) -> None:
@@ -153,7 +233,7 @@ def _save_tokenizer(model_dir: Path, tokens: int) -> None:
 
 @pytest.mark.launch
 def test_round_trip_gives_the_same_bits(models: dict) -> None:
-    for family in [*CONFIGS, "llama-bf16", "qwen2-cut"]:
+    for family in [*CONFIGS, "llama-bf16", "qwen2-cut", "deepseek_v3-mtp", "deepseek_v3-bf16"]:
         result = models["roundtrip"][family]
         assert result["tensors"] > 4 * 6, family
         assert result["differ"] == [] and result["extra"] == [], (family, result)
@@ -279,7 +359,14 @@ def _same_bits(before: Path, after: Path) -> tuple[int, list[str]]:
 
 
 # each new family on its hardest layout, with the flags `convert to-megatron` printed for it
-PRETRAIN_LAYOUTS = {"qwen3": [], "qwen3_moe": [], "mixtral": ["--moe-token-dispatcher-type", "alltoall"]}
+PRETRAIN_LAYOUTS = {
+    "qwen3": [],
+    "qwen3_moe": [],
+    "mixtral": ["--moe-token-dispatcher-type", "alltoall"],
+    # with its MTP layer (trained beside, its loss apart from the lm loss); aux-loss-free balancing moves
+    # the expert bias every step whatever the lr: held, so the save is the import
+    "deepseek_v3-mtp": ["--moe-router-bias-update-rate", "0"],
+}
 
 
 @pytest.mark.launch
@@ -288,7 +375,7 @@ def test_pretrain_first_loss_equals_transformers_and_a_save_exports_the_same_bit
     models: dict, family: str, tmp_path: Path
 ) -> None:
     """One pretrain_gpt.py job per family (Qwen3 TP2 x PP2; the MoE families TP2 x EP2 with SP, their
-    experts as --moe-grouped-gemm, Mixtral's over the alltoall dispatcher): its first loss is
+    experts as --moe-grouped-gemm, Mixtral's over the alltoall dispatcher; DeepSeek-V3 likewise): its first loss is
     transformers' on the same tokens; 2 steps at lr 0, saved, exported: every HF tensor, bit for bit."""
     case = models["cases"][family]
     _identical_documents(tmp_path / "docs", DOCUMENT, 64)
@@ -386,7 +473,8 @@ def test_refusals_of_the_command(models: dict, tmp_path: Path, capsys: pytest.Ca
 
 def test_linear_rope_scaling_gives_transformers_angles() -> None:
     """HF's linear scaling divides the frequencies, megatron-core's interpolation factor the
-    positions: pretrain_gpt.py, given the printed flag, rotates by the same angles."""
+    positions: pretrain_gpt.py, given the printed flag, rotates by the same angles; dynamic NTK
+    scaling, up to the original length, by plain RoPE's."""
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
     from megatron_npu.convert.megatron_io import trainer_args
@@ -408,6 +496,17 @@ def test_linear_rope_scaling_gives_transformers_angles() -> None:
     cos, sin = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config)(megatron[None], positions)
     torch.testing.assert_close(megatron.cos(), cos[0], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(megatron.sin(), sin[0], rtol=1e-6, atol=1e-6)
+    # dynamic NTK up to the original length (max_position_embeddings 64 here): the printed flags' plain RoPE
+    dynamic = transformers.LlamaConfig(
+        **COMMON, num_attention_heads=4, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}
+    )
+    args = trainer_args(model_spec(dynamic.to_dict()))
+    assert args.rotary_seq_len_interpolation_factor is None and not args.use_rope_scaling
+    plain = RotaryEmbedding(
+        kv_channels=spec.kv_channels, rotary_percent=1.0, rotary_base=args.rotary_base, use_cpu_initialization=True
+    )(64)[:, 0, 0]
+    cos, _ = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(dynamic)(plain[None], torch.arange(64)[None])
+    torch.testing.assert_close(plain.cos(), cos[0], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.launch
@@ -445,3 +544,93 @@ def test_vocabulary_padding_follows_the_tokenizer(models: dict) -> None:
     # 128 x TP, and the unused rows past 151,808 are cut.
     spec = model_spec({**qwen2, "vocab_size": 151936}, tp=2, tokenizer_vocab=151665)
     assert (spec.padded_vocab_size, spec.make_vocab_size_divisible_by) == (151808, 128)
+
+
+def _config(family: str, **changes: object) -> dict:
+    """A CONFIGS entry as config.json holds it, with ``changes``."""
+    return {**CONFIGS[family]().to_dict(), **changes}
+
+
+def test_printed_flags_of_the_new_families() -> None:
+    qwen3 = " ".join(model_spec(_config("qwen3")).flags())
+    assert "--qk-layernorm" in qwen3 and "--kv-channels 32" in qwen3 and "--num-experts" not in qwen3
+    qwen3_moe = " ".join(model_spec(_config("qwen3_moe"), tp=2, ep=2).flags())
+    for expected in (
+        "--qk-layernorm",
+        "--num-experts 4 --moe-ffn-hidden-size 32 --moe-router-topk 2 --moe-grouped-gemm",
+        "--moe-router-pre-softmax",  # norm_topk_prob false: top-k of a softmax over all experts
+        "--moe-layer-freq [1,0,1,1]",  # mlp_only_layers [1]
+    ):
+        assert expected in qwen3_moe
+    mixtral = " ".join(model_spec(_config("mixtral")).flags())
+    assert "--num-experts 4 --moe-ffn-hidden-size 96" in mixtral
+    assert "--moe-router-pre-softmax" not in mixtral and "--moe-layer-freq" not in mixtral
+    deepseek = " ".join(model_spec(_config("deepseek_v3"), tp=2, ep=2).flags())
+    for expected in (
+        "--multi-latent-attention --qk-layernorm --kv-lora-rank 16 --q-lora-rank 32 --qk-head-dim 16 "
+        "--qk-pos-emb-head-dim 8 --v-head-dim 16",
+        "--rope-type yarn --rotary-scaling-factor 4.0 --mscale 1.0 --mscale-all-dim 1.0",
+        "--moe-layer-freq [0,1,1,1]",  # first_k_dense_replace 1
+        "--moe-shared-expert-intermediate-size 32",
+        "--moe-router-score-function sigmoid --moe-router-dtype fp32 --moe-router-enable-expert-bias",
+        "--moe-router-num-groups 2 --moe-router-group-topk 2 --moe-router-topk-scaling-factor 2.5",
+    ):
+        assert expected in deepseek
+    no_q = " ".join(model_spec(_config("deepseek_v3-noq")).flags())
+    assert "--q-lora-rank" not in no_q and "--rope-type rope" in no_q and "--moe-router-num-groups" not in no_q
+    assert "--moe-shared-expert-intermediate-size 64" in no_q  # two shared experts of 32
+
+
+def test_refusals_of_the_new_families(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Layouts that cannot split the model and options megatron-core cannot express: one line each,
+    from the config alone (hf_config imports no torch)."""
+
+    def refused(cfg: dict, **layout: int) -> str:
+        with pytest.raises(ConvertError) as error:
+            model_spec(cfg, **layout)
+        return str(error.value)
+
+    assert refused(_config("mixtral"), ep=8) == (
+        "num_local_experts 4 is not divisible by --ep 8: choose an EP size that divides the experts"
+    )
+    assert refused(_config("qwen3_moe", moe_intermediate_size=30, num_key_value_heads=4), tp=4) == (
+        "moe_intermediate_size 30 is not divisible by --tp 4"
+    )
+    assert refused(_config("qwen3"), ep=2) == "--ep 2 for a dense model (qwen3 has no experts): use --ep 1"
+    assert refused(_config("deepseek_v3", q_lora_rank=30), tp=4) == "q_lora_rank 30 is not divisible by --tp 4"
+    assert refused(_config("deepseek_v3", kv_lora_rank=15), tp=2) == (
+        "kv_lora_rank + qk_rope_head_dim (23) is not divisible by --tp 2"
+    )
+    assert "n_routed_experts 8 is not divisible by --ep 3" in refused(_config("deepseek_v3"), ep=3)
+    assert "norm_topk_prob false" in refused(_config("deepseek_v3", norm_topk_prob=False))
+    assert "scores a group by its best 1 experts, transformers by its best 2" in refused(
+        _config("deepseek_v3", topk_group=2, num_experts_per_tok=2)
+    )
+    yarn = {**_config("deepseek_v3")["rope_parameters"], "beta_fast": 16.0}
+    assert "YaRN with {'beta_fast': 16.0}" in refused(_config("deepseek_v3", rope_parameters=yarn))
+    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}  # DeepSeek-V3 as published
+    assert "quantized weights (fp8): dequantize them to bf16 first" in refused(
+        _config("deepseek_v3", quantization_config=fp8)
+    )
+    assert refused({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss"}).startswith(
+        "GptOssForCausalLM: its experts and router have biases"
+    )
+    llama = _config("llama")
+    longrope = {"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0}
+    assert "RoPE scaling type 'longrope' is not supported" in refused({**llama, "rope_parameters": longrope})
+    assert "YaRN RoPE scaling on standard attention" in refused(
+        {**llama, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}
+    )
+    # dynamic NTK: plain RoPE up to the original length, refused past it (by the command, before megatron-core)
+    dynamic = {**llama, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}
+    assert "--use-rope-scaling" not in model_spec(dynamic).flags()
+    check_attention_window(dynamic, 64)
+    (tmp_path / "dynamic").mkdir()
+    (tmp_path / "dynamic" / "config.json").write_text(json.dumps(dynamic))
+    from megatron_npu.convert.cli import main as convert
+
+    assert convert(["to-megatron", str(tmp_path / "dynamic"), str(tmp_path / "out"), "--seq-length", "128"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "megatron-npu convert: error: dynamic NTK RoPE scaling at --seq-length 128: it rescales past 64 tokens, "
+        "which megatron-core's RotaryEmbedding cannot; convert and train with --seq-length 64 or less"
+    ]
