@@ -355,6 +355,29 @@ def _check_schedule(args: argparse.Namespace) -> None:
             raise ConfigError("--lr-decay-style WSD needs --lr-wsd-decay-iters")
         if args.train_samples and args.lr_wsd_decay_samples is None:
             raise ConfigError("--lr-decay-style WSD needs --lr-wsd-decay-samples")
+    if not args.skip_train:
+        _check_warmup_ends_before_decay(args)
+
+
+def _check_warmup_ends_before_decay(args: argparse.Namespace) -> None:
+    """What megatron-core's OptimizerParamScheduler asserts when it is built (after the process groups and the
+    model): a decay length, a warmup shorter than it, a warmup start no higher than --lr."""
+    unit = "iters" if args.train_iters else "samples"
+    decay = (
+        (args.lr_decay_iters or args.train_iters) if args.train_iters else (args.lr_decay_samples or args.train_samples)
+    )
+    warmup = args.lr_warmup_iters if args.train_iters else args.lr_warmup_samples
+    if args.lr_warmup_fraction is not None:
+        if not 0 <= args.lr_warmup_fraction < 1:
+            raise ConfigError(f"--lr-warmup-fraction {args.lr_warmup_fraction} must be in [0, 1)")
+    elif decay and warmup >= decay:
+        decay_flag = f"--lr-decay-{unit}" if getattr(args, f"lr_decay_{unit}") else f"--train-{unit}"
+        raise ConfigError(
+            f"--lr-warmup-{unit} {warmup} leaves no decay: it must be below {decay_flag} {decay}; "
+            f"lower --lr-warmup-{unit} or raise {decay_flag}"
+        )
+    if args.lr is not None and args.lr_warmup_init > args.lr:
+        raise ConfigError(f"--lr-warmup-init {args.lr_warmup_init} is larger than --lr {args.lr}")
 
 
 def _check_saving(args: argparse.Namespace) -> None:

@@ -529,6 +529,16 @@ def test_derived_misc():
     assert args.dataloader_type == "single"  # (the run's counters are RunState's: tests/training/test_settings.py)
 
 
+def test_a_warmup_that_leaves_no_decay_is_refused_before_megatron_core_asserts_it():
+    """megatron-core's OptimizerParamScheduler asserts warmup < decay when it is built, after the model."""
+    message = error("--train-iters", "5", "--lr-warmup-iters", "5")
+    assert "--lr-warmup-iters 5" in message and "--train-iters 5" in message
+    assert "--lr-decay-iters 4" in error("--train-iters", "10", "--lr-decay-iters", "4", "--lr-warmup-iters", "6")
+    assert "--lr-warmup-fraction" in error("--lr-warmup-fraction", "1.0")
+    assert "--lr-warmup-init" in error("--lr-warmup-init", "1.0")
+    assert parse("--train-iters", "5", "--lr-warmup-iters", "4").lr_warmup_iters == 4
+
+
 def test_megatron_defaults_and_dests():
     args = parse()
     assert args.transformer_impl == "local" and args.ckpt_format == "torch_dist"
