@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # DeepSeek-V3 (671B: MLA, 256 experts top-8 + a shared expert, 3 dense layers, MTP) on 64 Atlas 800T A2 nodes (512 x 910B, 64 GB).
-# Layout chosen by hand, not by `plan --search` (a search over 512 ranks took longer than this recipe's
-# session had): TP 1 x PP 8 x DP 64, EP 64, stages of 7 / 8 (x 6) / 6 layers, MTP on the last stage,
-# micro-batch 1, full recompute, distributed optimizer. Checked with
-#   megatron-npu plan --nnodes 64 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 1024
-#   predicted memory: 77.0 (first stage) .. 88.9 (last) GB per card, over 64 GB: the memory model prices
-#   dropless routing at its upper bound (every token of the EP group routed to this rank's 4 experts), far
-#   above a balanced router's bytes at EP 64; measure with --memory-report --log-dir DIR on a short run first.
-#   predicted throughput: 250 tokens/s per NPU, MFU 18.4% (a model: megatron_npu/layout/step_time.py).
+# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster:
+#   megatron-npu plan --search --nnodes 64 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 1024
+#   TP 8 x PP 16 x DP 4 (EP 1: the experts TP-split), stages of 3 / 4 (x 14) / 2 layers, MTP on the last stage,
+#   predicted memory: 24.4 (first stage) / 45.1 (last) GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
+#   micro-batch 1, no recompute, distributed optimizer; predicted throughput: 459 tokens/s per NPU, MFU 33.7%
+#   (a model: megatron_npu/layout/step_time.py; MLA and MTP activations are predicted 9-15% high).
 #
 # Data and checkpoint (once, on shared storage):
 #   megatron-npu preprocess --input corpus.jsonl --output-prefix /data/deepseek/corpus \
@@ -25,15 +23,15 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 export NNODES="${NNODES-64}"
 export NPROC_PER_NODE="${NPROC_PER_NODE-8}"
-export TP="${TP-1}"
-export PP="${PP-8}"
+export TP="${TP-8}"
+export PP="${PP-16}"
 export CP="${CP-1}"
 export VPP="${VPP-0}"
-export EP="${EP-64}"
-export FIRST_STAGE_LAYERS="${FIRST_STAGE_LAYERS-7}"
-export LAST_STAGE_LAYERS="${LAST_STAGE_LAYERS-6}"
+export EP="${EP-1}"
+export FIRST_STAGE_LAYERS="${FIRST_STAGE_LAYERS-3}"
+export LAST_STAGE_LAYERS="${LAST_STAGE_LAYERS-2}"
 export MICRO_BATCH_SIZE="${MICRO_BATCH_SIZE-1}"
-export RECOMPUTE="${RECOMPUTE-full}"
+export RECOMPUTE="${RECOMPUTE-none}"
 export NUM_LAYERS="${NUM_LAYERS-61}"
 export HIDDEN_SIZE="${HIDDEN_SIZE-7168}"
 export NUM_ATTENTION_HEADS="${NUM_ATTENTION_HEADS-128}"

@@ -40,6 +40,8 @@ TINY = {
     "V_HEAD_DIM": "16",
     "DENSE_LAYERS": "1",
     "WINDOW": "16",
+    "FIRST_STAGE_LAYERS": "",  # even stages unless the 2-rank layout below sets them
+    "LAST_STAGE_LAYERS": "",
 }
 # each recipe's layout on 2 ranks (its other flags unchanged)
 TWO_RANKS = {
@@ -51,7 +53,13 @@ TWO_RANKS = {
         "FIRST_STAGE_LAYERS": "1",
         "LAST_STAGE_LAYERS": "2",
     },
-    "llama31_70b_4nodes": {"TP": "1", "PP": "2", "NUM_LAYERS": "4"},
+    "llama31_70b_4nodes": {
+        "TP": "1",
+        "PP": "2",
+        "NUM_LAYERS": "4",
+        "FIRST_STAGE_LAYERS": "1",
+        "LAST_STAGE_LAYERS": "3",
+    },
 }
 CPU_RUN = {
     "MEGATRON_NPU_DEVICE": "cpu",
