@@ -49,15 +49,5 @@ ARGS=(
     --disable-bias-linear --untie-embeddings-and-output-weights --attention-dropout 0 --hidden-dropout 0
     --use-flash-attn
 )
-if [ "$VPP" != "0" ]; then ARGS+=(--num-virtual-stages-per-pipeline-rank "$VPP"); fi
-if [ "${EP:-1}" != "1" ]; then ARGS+=(--expert-model-parallel-size "$EP"); fi
-if [ -n "${FIRST_STAGE_LAYERS:-}" ]; then  # uneven pipeline stages
-    ARGS+=(--decoder-first-pipeline-num-layers "$FIRST_STAGE_LAYERS" --decoder-last-pipeline-num-layers "$LAST_STAGE_LAYERS")
-fi
-case "$RECOMPUTE" in
-    none) ;;
-    full) ARGS+=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1) ;;
-    *) echo "llama31_8b.sh: RECOMPUTE must be none or full, got '$RECOMPUTE'" >&2; exit 2 ;;
-esac
-export EXTRA_ARGS="${ARGS[*]} ${EXTRA_ARGS-}"
-exec bash "$HERE/../scripts/pretrain_gpt_8x2.sh" "$@"
+source "$HERE/lib/launch.sh"
+launch_recipe llama31_8b.sh "$@"
