@@ -154,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     from megatron_npu.training.config import optimizer_config
     from megatron_npu.training.initialize import initialize_distributed, set_random_seed
     from megatron_npu.training.loop import setup_args
-    from megatron_npu.training.metrics import TrainingMetrics
     from megatron_npu.training.run_state import RunState
     from megatron_npu.training.timing import build_timers
     from megatron_npu.training.trainer import Trainer
@@ -183,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     wire_model_config(model, optimizer, timers, args)
     state = RunState()
     trainer = Trainer(args, state, model, optimizer, scheduler, pretrain_gpt.forward_step, timers)
-    metrics = TrainingMetrics(args, state, optimizer, timers, trainer.train_iters)
+    metrics = trainer.training_metrics()
 
     # ---- the plain model: same provider, same weights ---------------------------------
     device = accelerator.device()

@@ -12,52 +12,61 @@ from megatron_npu.training import checkpointing
 from megatron_npu.training.faults import FaultPlan
 from megatron_npu.training.global_vars import print_rank_0
 from megatron_npu.training.run_state import RunState
+from megatron_npu.training.sections import CheckpointSection
 
 
 class Checkpointer:
-    """--save every --save-interval and at the end of the run, --load at the start."""
+    """--save every --save-interval and at the end of the run, --load at the start.
+
+    ``checkpoint``: when and where; ``overlap_param_gather``: the weights are gathered before a save.
+    ``megatron_args``: the whole flat settings, only for checkpointing.py, which stores them as the
+    checkpoint's ``args`` (Megatron-LM's format) and reads its load options from them."""
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        checkpoint: CheckpointSection,
         state: RunState,
         model: list,
         optimizer: Any,
         scheduler: Any,
         faults: FaultPlan | None,
+        *,
+        overlap_param_gather: bool,
+        megatron_args: argparse.Namespace,
     ) -> None:
-        self.args, self.state = args, state
+        self.checkpoint, self.state, self.megatron_args = checkpoint, state, megatron_args
+        self.overlap_param_gather = overlap_param_gather
         self.model, self.optimizer, self.scheduler, self.faults = model, optimizer, scheduler, faults
         self.saved_iteration: int | None = None
         self.first_iteration = 0
         # --async-save: megatron-core's queue of writes in flight (a forked writer per save, its default)
-        self.async_queue = AsyncCallsQueue() if args.async_save else None
+        self.async_queue = AsyncCallsQueue() if checkpoint.async_save else None
 
     def clean_unfinished(self) -> None:
         """A save killed part-way leaves ``iter_N.partial``: removed (and said) before anything else."""
-        if self.args.save:
-            checkpointing.clean_unfinished_saves(self.args.save)
+        if self.checkpoint.save:
+            checkpointing.clean_unfinished_saves(self.checkpoint.save)
 
     def load(self) -> None:
         """--load into the model, optimizer, scheduler and RNG; the run state takes the saved counters."""
-        if self.args.load:
-            loaded = checkpointing.load_checkpoint(self.model, self.optimizer, self.scheduler, self.args)
+        if self.checkpoint.load:
+            loaded = checkpointing.load_checkpoint(self.model, self.optimizer, self.scheduler, self.megatron_args)
             self.state.load_state_dict(loaded.state_dict())
         self.first_iteration = self.state.iteration
 
     def due(self, iteration: int) -> bool:
-        args = self.args
-        return bool(args.save and args.save_interval and iteration % args.save_interval == 0)
+        checkpoint = self.checkpoint
+        return bool(checkpoint.save and checkpoint.save_interval and iteration % checkpoint.save_interval == 0)
 
     def save(self) -> None:
         """Save the current iteration (atomically: checkpointing.save_checkpoint)."""
-        overlap = self.args.overlap_param_gather
+        overlap = self.overlap_param_gather
         if overlap:  # saved weights must be the gathered, updated ones
             for chunk in self.model:
                 chunk.disable_forward_pre_hook(param_sync=True)
         in_save = self.faults.fire_in_save if self.faults else None
         checkpointing.save_checkpoint(
-            self.state, self.model, self.optimizer, self.scheduler, self.args, in_save, self.async_queue
+            self.state, self.model, self.optimizer, self.scheduler, self.megatron_args, in_save, self.async_queue
         )
         if overlap:
             for chunk in self.model:
@@ -67,7 +76,7 @@ class Checkpointer:
     def save_last(self) -> None:
         """The last iteration trained is always on disk (Megatron-LM does the same)."""
         trained = self.state.iteration > self.first_iteration
-        if self.args.save and trained and self.saved_iteration != self.state.iteration:
+        if self.checkpoint.save and trained and self.saved_iteration != self.state.iteration:
             self.save()
         self.wait_for_saves()
 

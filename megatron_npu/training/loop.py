@@ -28,11 +28,11 @@ from megatron_npu.training.exit_policy import sum_over_world
 from megatron_npu.training.faults import NonFiniteValue
 from megatron_npu.training.global_vars import print_rank_0, set_global
 from megatron_npu.training.initialize import initialize_distributed, set_random_seed, write_run_files
-from megatron_npu.training.reporting import MetricsWriter, finish_wandb
+from megatron_npu.training.reporting import finish_wandb
 from megatron_npu.training.run_state import RunState
 from megatron_npu.training.settings import Settings
 from megatron_npu.training.timing import build_timers
-from megatron_npu.training.trainer import Trainer
+from megatron_npu.training.trainer import Trainer, metrics_writer
 
 
 def report_config_error(error: Exception) -> int:
@@ -150,7 +150,7 @@ def final_evaluation(
 ) -> None:
     """After training: the validation split once more, and the test split once (as Megatron-LM)."""
     iteration = validator.state.iteration
-    metrics = MetricsWriter(args, dist.get_rank() == dist.get_world_size() - 1)
+    metrics = metrics_writer(args)
     if valid_iterators is not None:
         validator.run(valid_iterators, f"at iteration {iteration} on validation set", metrics)
     if test_iterators is not None:

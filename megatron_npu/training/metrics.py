@@ -6,19 +6,20 @@ averaged over --log-interval, Megatron-LM's iteration line.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
 from megatron_npu.accelerator import get_accelerator
-from megatron_npu.training.config import params_dtype
+from megatron_npu.layout.parallel_dims import ParallelDims
 from megatron_npu.training.global_vars import print_rank_last
-from megatron_npu.training.reporting import MetricsWriter, iteration_line, moe_losses, num_floating_point_operations
+from megatron_npu.training.reporting import MetricsWriter, ModelFlops, MoeLossTracking, iteration_line, moe_losses
 from megatron_npu.training.run_state import RunState
+from megatron_npu.training.sections import LoggingSection, ModelSection
 from megatron_npu.training.step import StepResult, learning_rates
 from megatron_npu.training.timing import TimerLog
 
@@ -91,27 +92,46 @@ def mtp_losses(num_microbatches: int, iteration: int, writer: Any) -> dict[str, 
 
 
 class TrainingMetrics:
-    """Builds each step's record and writes it: timers JSON, metrics sinks, the iteration line."""
+    """Builds each step's record and writes it: timers JSON, metrics sinks, the iteration line.
 
-    def __init__(self, args: argparse.Namespace, state: RunState, optimizer: Any, timers: Any, train_iters: int):
-        self.args, self.state, self.optimizer, self.train_iters = args, state, optimizer, train_iters
-        rank = dist.get_rank()
-        self.timer_log = TimerLog(timers, args.log_dir, rank, args.timing_log_level)
-        self.writer = MetricsWriter(args, rank == dist.get_world_size() - 1)
-        self.peak = get_accelerator().peak_tflops(params_dtype(args))
+    ``writer``: the metrics sinks (MetricsWriter, last rank); ``flops``: the model's FLOPs per step;
+    ``params_dtype``: the peak the MFU is measured against; ``moe``: the aux losses to track (MoE runs)."""
+
+    def __init__(
+        self,
+        logging: LoggingSection,
+        model: ModelSection,
+        parallel: ParallelDims,
+        state: RunState,
+        optimizer: Any,
+        timers: Any,
+        train_iters: int,
+        *,
+        writer: MetricsWriter,
+        flops: ModelFlops,
+        params_dtype: torch.dtype,
+        moe: MoeLossTracking | None,
+    ):
+        self.logging, self.model, self.parallel = logging, model, parallel
+        self.state, self.optimizer, self.train_iters = state, optimizer, train_iters
+        self.flops, self.moe, self.writer = flops, moe, writer
+        self.timer_log = TimerLog(timers, logging.log_dir, dist.get_rank(), logging.timing_log_level)
+        self.peak = get_accelerator().peak_tflops(params_dtype)
         self.interval = _Interval()
 
     def account(self, result: StepResult, batch_size: int, elapsed: float) -> StepRecord:
         """Count the step in the run state (samples, skipped and NaN iterations) and build its record;
         the MoE aux losses are reduced on every rank (the tracker's collective)."""
-        args, state = self.args, self.state
+        state, world_size = self.state, self.parallel.world_size
         losses = {key: value.item() for key, value in result.losses.items()}
-        if args.num_experts is not None:
-            losses |= moe_losses(args, result.num_microbatches, state.iteration, self.writer.tensorboard)
-        if args.mtp_num_layers:
+        if self.moe is not None:
+            losses |= moe_losses(
+                self.moe, self.model, result.num_microbatches, state.iteration, self.writer.tensorboard
+            )
+        if self.model.mtp_num_layers:
             losses |= mtp_losses(result.num_microbatches, state.iteration, self.writer.tensorboard)
         state.count_step(batch_size, updated=result.updated, finite=all(math.isfinite(v) for v in losses.values()))
-        flops = num_floating_point_operations(args, batch_size)
+        flops = self.flops.per_iteration(batch_size)
         state.floating_point_operations_so_far += flops
         lr, decoupled_lr = learning_rates(self.optimizer)
         return StepRecord(
@@ -128,7 +148,7 @@ class TrainingMetrics:
             num_microbatches=result.num_microbatches,
             iteration_s=elapsed,
             flops=flops,
-            throughput_tflops=flops / (elapsed * 1e12 * args.world_size),
+            throughput_tflops=flops / (elapsed * 1e12 * world_size),
             skipped_iterations=state.skipped_iterations,
             nan_iterations=state.nan_iterations,
         )
@@ -148,20 +168,20 @@ class TrainingMetrics:
         )
         self.writer.train(record.iteration, record.consumed_samples, record.metrics_json())
         self.interval.add(record)
-        if record.iteration % self.args.log_interval == 0:
+        if record.iteration % self.logging.log_interval == 0:
             print_rank_last(self._iteration_line(record))
             self.interval = _Interval()
 
     def _iteration_line(self, record: StepRecord) -> str:
-        interval, args = self.interval, self.args
-        tflops = interval.flops / (interval.time * 1e12 * args.world_size)
+        interval, log_throughput = self.interval, self.logging.log_throughput
+        tflops = interval.flops / (interval.time * 1e12 * self.parallel.world_size)
         return iteration_line(
             iteration=record.iteration,
             train_iters=self.train_iters,
             consumed_samples=record.consumed_samples,
             elapsed_s=interval.time / interval.iters,
-            throughput_tflops=tflops if args.log_throughput else None,
-            mfu=tflops / self.peak if (self.peak and args.log_throughput) else None,
+            throughput_tflops=tflops if log_throughput else None,
+            mfu=tflops / self.peak if (self.peak and log_throughput) else None,
             learning_rate=record.learning_rate,
             decoupled_learning_rate=record.decoupled_learning_rate,
             global_batch_size=record.global_batch_size,

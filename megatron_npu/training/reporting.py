@@ -7,38 +7,62 @@ figures at full precision, one line per iteration (the last rank writes it).
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import math
 import os
+from collections.abc import Mapping
 from datetime import datetime
 from typing import IO, Any
+
+from megatron_npu.training.sections import LoggingSection, ModelSection
 
 SEPARATOR = "-" * 100
 
 
-def num_floating_point_operations(args: argparse.Namespace, batch_size: int) -> float:
-    """Model FLOPs of one iteration (forward + backward), Megatron-LM's dense-GPT formula."""
-    query_projection_ratio = args.kv_channels * args.num_attention_heads / args.hidden_size
-    gated_multiplier = 3 / 2 if args.swiglu else 1
-    return (
-        12  # 3 passes (fwd, 2x bwd) x 2 FLOPs per multiply-add x 2 GEMMs per projection pair
-        * batch_size
-        * args.seq_length
-        * args.num_layers
-        * args.hidden_size**2
-        * (
-            (1 + args.num_query_groups / args.num_attention_heads + args.seq_length / args.hidden_size)
-            * query_projection_ratio
-            + (args.ffn_hidden_size / args.hidden_size) * gated_multiplier
-            + args.padded_vocab_size / (2 * args.num_layers * args.hidden_size)
+@dataclasses.dataclass(frozen=True)
+class ModelFlops:
+    """Model FLOPs of one iteration (forward + backward), Megatron-LM's dense-GPT formula, from the
+    validated model section (kv channels, query groups, ffn size resolved), the sequence length and
+    the tokenizer's vocabulary padded for TP."""
+
+    model: ModelSection
+    seq_length: int
+    padded_vocab_size: int
+
+    def per_iteration(self, batch_size: int) -> float:
+        m = self.model
+        query_projection_ratio = m.kv_channels * m.num_attention_heads / m.hidden_size
+        gated_multiplier = 3 / 2 if m.swiglu else 1
+        return (
+            12  # 3 passes (fwd, 2x bwd) x 2 FLOPs per multiply-add x 2 GEMMs per projection pair
+            * batch_size
+            * self.seq_length
+            * m.num_layers
+            * m.hidden_size**2
+            * (
+                (1 + m.num_query_groups / m.num_attention_heads + self.seq_length / m.hidden_size)
+                * query_projection_ratio
+                + (m.ffn_hidden_size / m.hidden_size) * gated_multiplier
+                + self.padded_vocab_size / (2 * m.num_layers * m.hidden_size)
+            )
         )
-    )
 
 
-def moe_track_names(args: argparse.Namespace) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class MoeLossTracking:
+    """The MoE flags Megatron-LM's training_log reads to track the aux losses (no MoE section yet:
+    the composition root builds this from the flat settings)."""
+
+    load_balancing_type: str | list[str]
+    z_loss_coeff: float | None
+    per_layer_logging: bool
+    layer_freq: int | list[int]
+
+
+def moe_track_names(moe: MoeLossTracking) -> list[str]:
     """The MoE losses Megatron-LM's training_log tracks, by its names."""
-    balancing = args.moe_router_load_balancing_type
+    balancing = moe.load_balancing_type
     # Megatron-LM tests `"aux_loss" in` the collapsed string, so seq_aux_loss alone also prints a
     # load_balancing_loss of 0; a list of the types tracks only those given.
     balancing = [balancing] if isinstance(balancing, str) else balancing
@@ -51,12 +75,14 @@ def moe_track_names(args: argparse.Namespace) -> list[str]:
         )
         if kind in balancing
     ]
-    if args.moe_z_loss_coeff is not None:
+    if moe.z_loss_coeff is not None:
         names.append("z_loss")
     return names
 
 
-def moe_losses(args: argparse.Namespace, num_microbatches: int, iteration: int, writer: Any) -> dict[str, float]:
+def moe_losses(
+    moe: MoeLossTracking, model: ModelSection, num_microbatches: int, iteration: int, writer: Any
+) -> dict[str, float]:
     """This iteration's MoE aux losses (each the mean over the MoE layers, scaled by 1 / micro-batches,
     as Megatron-LM's training_log), from megatron-core's tracker, which this clears; every rank calls
     it (the tracker is reduced across the pipeline and data-parallel groups). ``writer``: TensorBoard
@@ -67,12 +93,12 @@ def moe_losses(args: argparse.Namespace, num_microbatches: int, iteration: int, 
     from megatron_npu.accelerator import get_accelerator
     from megatron_npu.compat import moe_layer_wise_logging_tracker as get_moe_layer_wise_logging_tracker
 
-    names = moe_track_names(args)
+    names = moe_track_names(moe)
     # Every rank needs every name (a pipeline stage with no MoE layer still joins the reduce):
     # megatron-core's force_initialize allocates them on device "cuda" literally, so they are made here.
     tracker = get_moe_layer_wise_logging_tracker()
     # megatron-core's router sizes the tracker with the MTP layers too: every stage must hold the same size
-    layers = args.num_layers + (args.mtp_num_layers or 0)
+    layers = model.num_layers + (model.mtp_num_layers or 0)
     for name in names:
         if name not in tracker:
             values = torch.zeros(layers, device=get_accelerator().device())
@@ -83,12 +109,12 @@ def moe_losses(args: argparse.Namespace, num_microbatches: int, iteration: int, 
         iteration=iteration,
         writer=writer,
         total_loss_dict=totals,
-        per_layer_logging=args.moe_per_layer_logging,
+        per_layer_logging=moe.per_layer_logging,
         force_initialize=True,
         track_names=names,
-        num_layers=args.num_layers,
-        moe_layer_freq=args.moe_layer_freq,
-        mtp_num_layers=args.mtp_num_layers,  # as Megatron-LM's training_log: the mean counts MTP's MoE layers
+        num_layers=model.num_layers,
+        moe_layer_freq=moe.layer_freq,
+        mtp_num_layers=model.mtp_num_layers,  # as Megatron-LM's training_log: the mean counts MTP's MoE layers
     )
     return {name: float(value) for name, value in totals.items()}
 
@@ -145,24 +171,25 @@ def validation_lines(prefix: str, losses: dict[str, float]) -> str:
 _WANDB_RUN: Any = None
 
 
-def wandb_run(args: argparse.Namespace) -> Any:
+def wandb_run(logging: LoggingSection, save: str | None, run_flags: Mapping[str, Any]) -> Any:
     """Megatron-LM's wandb writer: one run per job, opened by the last rank on first use,
-    in --wandb-save-dir (default SAVE/wandb); None without --wandb-project."""
+    in --wandb-save-dir (default SAVE/wandb); None without --wandb-project. ``run_flags``: every
+    flag's value, the run's wandb config (as Megatron-LM's)."""
     global _WANDB_RUN
-    if _WANDB_RUN is None and args.wandb_project:
+    if _WANDB_RUN is None and logging.wandb_project:
         import wandb
 
-        save_dir = args.wandb_save_dir or os.path.join(args.save, "wandb")
+        save_dir = logging.wandb_save_dir or os.path.join(save, "wandb")
         os.makedirs(save_dir, exist_ok=True)
         config = {
             k: v if isinstance(v, (bool, int, float, str, list, tuple, type(None))) else str(v)
-            for k, v in args.values().items()
+            for k, v in run_flags.items()
         }
         _WANDB_RUN = wandb.init(
             dir=save_dir,
-            project=args.wandb_project,
-            name=args.wandb_exp_name,
-            entity=args.wandb_entity or None,
+            project=logging.wandb_project,
+            name=logging.wandb_exp_name,
+            entity=logging.wandb_entity or None,
             config=config,
         )
     return _WANDB_RUN
@@ -177,24 +204,32 @@ def finish_wandb() -> None:
 
 class MetricsWriter:
     """TensorBoard scalars and wandb values under Megatron-LM's tag names, and metrics.jsonl;
-    last rank only."""
+    last rank only. ``save`` (--save) and ``run_flags`` (every flag's value) only for wandb's
+    default directory and config."""
 
-    def __init__(self, args: argparse.Namespace, is_last_rank: bool):
+    def __init__(
+        self,
+        logging: LoggingSection,
+        is_last_rank: bool,
+        *,
+        save: str | None = None,
+        run_flags: Mapping[str, Any] | None = None,
+    ):
         self.enabled = is_last_rank
         self.tensorboard: Any = None
         self.jsonl: IO[str] | None = None
         self.wandb: Any = None
         if not is_last_rank:
             return
-        self.wandb = wandb_run(args)
-        if args.tensorboard_dir:
+        self.wandb = wandb_run(logging, save, run_flags or {})
+        if logging.tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tensorboard = SummaryWriter(log_dir=args.tensorboard_dir, max_queue=args.tensorboard_queue_size)
-        if args.log_dir:
-            os.makedirs(args.log_dir, exist_ok=True)
-            self.jsonl = open(os.path.join(args.log_dir, "metrics.jsonl"), "a")
-        self.interval = args.tensorboard_log_interval
+            self.tensorboard = SummaryWriter(log_dir=logging.tensorboard_dir, max_queue=logging.tensorboard_queue_size)
+        if logging.log_dir:
+            os.makedirs(logging.log_dir, exist_ok=True)
+            self.jsonl = open(os.path.join(logging.log_dir, "metrics.jsonl"), "a")
+        self.interval = logging.tensorboard_log_interval
 
     def train(self, iteration: int, consumed_samples: int, record: dict[str, Any]) -> None:
         if not self.enabled:

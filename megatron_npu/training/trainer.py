@@ -9,9 +9,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
+
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.training.batch_schedule import BatchSizeSchedule
 from megatron_npu.training.checkpointer import Checkpointer
+from megatron_npu.training.config import params_dtype
 from megatron_npu.training.evaluation import Validator
 from megatron_npu.training.exit_policy import ExitPolicy
 from megatron_npu.training.faults import FaultPlan
@@ -19,6 +22,7 @@ from megatron_npu.training.global_vars import print_rank_0
 from megatron_npu.training.memory_report import reported_step
 from megatron_npu.training.metrics import StepRecord, TrainingMetrics
 from megatron_npu.training.profiler import StepProfiler
+from megatron_npu.training.reporting import MetricsWriter, ModelFlops, MoeLossTracking
 from megatron_npu.training.run_state import RunState
 from megatron_npu.training.settings import Settings
 from megatron_npu.training.step import TrainStep
@@ -37,8 +41,8 @@ class Trainer:
         forward_step: Callable,
         timers: Any,
     ) -> None:
-        # the composition root: each component gets its own sections (the checkpointer and the
-        # metrics still read the flat settings)
+        # the composition root: each component gets its own sections; the flat settings go on only
+        # where Megatron-LM's format needs all of them (the checkpoint's args, wandb's config)
         self.args, self.state = settings, state
         self.faults = FaultPlan.from_env()
         self.step = TrainStep(
@@ -53,7 +57,16 @@ class Trainer:
             timers,
             check_for_nan=settings.check_for_nan_in_loss_and_grad,
         )
-        self.checkpointer = Checkpointer(settings, state, model, optimizer, scheduler, self.faults)
+        self.checkpointer = Checkpointer(
+            settings.checkpoint,
+            state,
+            model,
+            optimizer,
+            scheduler,
+            self.faults,
+            overlap_param_gather=settings.overlap_param_gather,
+            megatron_args=settings,
+        )
         self.validator = Validator(settings.schedule, settings.parallel, state, self.step)
         self.batch_schedule = BatchSizeSchedule(settings.schedule, settings.parallel, state, settings.rank)
         self.profiler = StepProfiler(settings.profiling, settings.logging.log_dir)
@@ -62,7 +75,7 @@ class Trainer:
     def train(self, train_iterators: list, valid_iterators: list | None) -> None:
         """Steps until --train-iters (or an exit condition), with evaluations and saves between them."""
         state = self.state
-        metrics = TrainingMetrics(self.args, state, self.step.optimizer, self.step.timers, self.train_iters)
+        metrics = self.training_metrics()
         with ExitPolicy(self.args.schedule) as exit_policy:
             while state.iteration < self.train_iters:
                 state.iteration += 1
@@ -80,6 +93,31 @@ class Trainer:
             self.checkpointer.save_last()
         metrics.close()
 
+    def training_metrics(self) -> TrainingMetrics:
+        """The per-step records' builder and its sinks."""
+        settings = self.args
+        moe = None
+        if settings.num_experts is not None:
+            moe = MoeLossTracking(
+                load_balancing_type=settings.moe_router_load_balancing_type,
+                z_loss_coeff=settings.moe_z_loss_coeff,
+                per_layer_logging=settings.moe_per_layer_logging,
+                layer_freq=settings.moe_layer_freq,
+            )
+        return TrainingMetrics(
+            settings.logging,
+            settings.model,
+            settings.parallel,
+            self.state,
+            self.step.optimizer,
+            self.step.timers,
+            self.train_iters,
+            writer=metrics_writer(settings),
+            flops=ModelFlops(settings.model, settings.data.seq_length, settings.padded_vocab_size),
+            params_dtype=params_dtype(settings),
+            moe=moe,
+        )
+
     def train_one_step(self, iterators: list, metrics: TrainingMetrics) -> StepRecord:
         """Iteration ``state.iteration``: its batch size, the step (timed, maybe profiled), its record."""
         iteration, accelerator = self.state.iteration, get_accelerator()
@@ -94,3 +132,9 @@ class Trainer:
         elapsed = time.perf_counter() - started
         self.profiler.after(iteration)
         return metrics.account(result, batch_size, elapsed)
+
+
+def metrics_writer(settings: Settings) -> MetricsWriter:
+    """metrics.jsonl / TensorBoard / wandb on the last rank (every flag's value is wandb's config)."""
+    is_last_rank = dist.get_rank() == dist.get_world_size() - 1
+    return MetricsWriter(settings.logging, is_last_rank, save=settings.checkpoint.save, run_flags=settings.values())

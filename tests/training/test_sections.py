@@ -117,3 +117,89 @@ def test_the_exit_policy_is_built_from_the_schedule_section_alone():
 
     with ExitPolicy(sections.ScheduleSection(exit_interval=2)) as policy:
         assert [policy.reason(i) for i in (1, 2)] == [None, "at iteration 2 (--exit-interval 2)"]
+
+
+class _Optimizer:
+    """The two things the metrics read of megatron-core's optimizer: its groups' lr and its loss scale."""
+
+    def __init__(self, lr: float) -> None:
+        import torch
+
+        self.param_groups = [{"params": [torch.zeros(1)], "lr": lr}]
+
+    def get_loss_scale(self):
+        import torch
+
+        return torch.tensor(1.0)
+
+
+def test_checkpointer_metrics_and_writer_are_built_from_their_sections_alone(tmp_path, model_parallel, capsys):
+    """The checkpointer from a CheckpointSection, the metrics writer from a LoggingSection, the step
+    metrics from the logging and model sections and a layout: saves due, unfinished saves removed,
+    Megatron-LM's FLOPs formula, the iteration line averaged over --log-interval, metrics.jsonl."""
+    import json
+
+    import torch
+
+    from megatron_npu.layout.parallel_dims import ParallelDims
+    from megatron_npu.training.checkpointer import Checkpointer
+    from megatron_npu.training.metrics import TrainingMetrics
+    from megatron_npu.training.reporting import MetricsWriter, ModelFlops
+    from megatron_npu.training.run_state import RunState
+    from megatron_npu.training.step import StepResult
+    from megatron_npu.training.timing import build_timers
+
+    state, root = RunState(), tmp_path / "ckpt"
+    checkpoint = sections.CheckpointSection(save=str(root), save_interval=3)
+    flat = argparse.Namespace()  # checkpointing.py's view, unread until a save or load
+
+    def checkpointer(section: sections.CheckpointSection) -> Checkpointer:
+        return Checkpointer(section, state, [], None, None, None, overlap_param_gather=False, megatron_args=flat)
+
+    saving = checkpointer(checkpoint)
+    assert [i for i in range(1, 8) if saving.due(i)] == [3, 6] and saving.async_queue is None
+    assert not any(checkpointer(checkpoint.replace(save=None)).due(i) for i in range(1, 8))
+    (root / "iter_0000003.partial").mkdir(parents=True)
+    saving.clean_unfinished()
+    assert not (root / "iter_0000003.partial").exists()
+
+    logging = sections.LoggingSection(log_dir=str(tmp_path / "logs"), log_interval=2, log_throughput=True)
+    silent = MetricsWriter(logging.replace(log_dir=str(tmp_path / "other")), is_last_rank=False)
+    silent.evaluation(2, 16, {"lm loss": 1.0}, "validation")
+    assert not (tmp_path / "other").exists(), "only the last rank writes metrics"
+
+    model = sections.ModelSection(
+        num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=256, kv_channels=16, num_query_groups=4
+    )
+    flops = ModelFlops(model, seq_length=32, padded_vocab_size=128)
+    # Megatron-LM's num_floating_point_operations by hand: 12 B s l h^2 ((1 + g/a + s/h) kv a/h + ffn/h + V/2lh)
+    expected = 12 * 8 * 32 * 2 * 64**2 * ((1 + 1 + 0.5) * 1 + 4 + 0.5)
+    assert flops.per_iteration(8) == expected
+    metrics = TrainingMetrics(
+        logging,
+        model,
+        ParallelDims(world_size=1),
+        state,
+        _Optimizer(1e-3),
+        build_timers(0),
+        4,
+        writer=MetricsWriter(logging, is_last_rank=True),
+        flops=flops,
+        params_dtype=torch.float32,
+        moe=None,
+    )
+    capsys.readouterr()
+    for loss in (2.0, 4.0):
+        state.iteration += 1
+        record = metrics.account(StepResult({"lm loss": torch.tensor(loss)}, True, 1.5, None, 4), 8, 0.5)
+        metrics.write(record)
+    metrics.close()
+    assert record.throughput_tflops == expected / 0.5e12 and state.floating_point_operations_so_far == 2 * expected
+    [line] = capsys.readouterr().out.splitlines()  # one iteration line per --log-interval 2
+    assert "iteration        2/       4 | consumed samples:           16 |" in line
+    assert "lm loss: 3.000000E+00 |" in line and "grad norm: 1.500 |" in line
+    jsonl = [json.loads(text) for text in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["iteration"], m["consumed_samples"], m["lm_loss"], m["learning_rate"]) for m in jsonl] == [
+        (1, 8, 2.0, 1e-3),
+        (2, 16, 4.0, 1e-3),
+    ]
