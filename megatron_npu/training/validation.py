@@ -234,11 +234,19 @@ def _derive_moe(args: argparse.Namespace, warn: list[str]) -> None:
         raise ConfigError(f"--moe-layer-freq gives {len(freq)} layers; --num-layers is {args.num_layers}")
     if isinstance(freq, int) and freq < 1:
         raise ConfigError(f"--moe-layer-freq must be >= 1, got {freq}")
-    if args.add_bias_linear:
-        # megatron-core 0.16.1's expert MLP adds its bias in place to the output of the row-parallel
-        # linear's reduce, which autograd refuses (a view returned by a custom Function)
+    # expert and router biases train (megatron_npu/patches/mappings.py makes the expert MLP's in-place
+    # bias add legal; --moe-grouped-gemm runs biased experts one by one), but not split over expert TP
+    if args.add_bias_linear and args.expert_tensor_parallel_size != 1:
         raise ConfigError(
-            "--num-experts needs --disable-bias-linear: megatron-core 0.16.1's experts cannot train with biases"
+            f"--num-experts with biases needs --expert-tensor-parallel-size 1 (it is "
+            f"{args.expert_tensor_parallel_size}): megatron-core 0.16.1 splits no expert bias; or --disable-bias-linear"
+        )
+    if args.add_bias_linear and args.sequence_parallel:
+        # megatron-core 0.16.1 marks the experts' fc2 bias sequence_parallel, so finalize_model_grads sums its
+        # gradient over TP once more (measured: lm loss off by rel 2.6e-4 one step later under EP2 x TP2 x SP)
+        raise ConfigError(
+            "--num-experts with biases cannot use --sequence-parallel: megatron-core 0.16.1 sums the experts' "
+            "fc2 bias gradient over TP twice; use --tensor-model-parallel-size 1 or --disable-bias-linear"
         )
     check_moe_args(args)
 

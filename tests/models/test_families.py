@@ -4,7 +4,8 @@ Each family (its architecture flags as Megatron-LM core_v0.16.1 recipes give the
 small hidden size, fp32, no dropout) is two torchrun jobs:
   one rank   trains 3 iterations and saves at 1, 2, 3
   layout     loads the one-rank save of iteration 1 under another layout (TP2 x PP2, uneven stages
-             for the DeepSeek-V3-style model; EP2 x TP2 with sequence parallelism for the MoE ones;
+             for the DeepSeek-V3-style model; EP2 x TP2 with sequence parallelism for the MoE ones, EP2 x
+             DP2 for gpt-oss, whose expert biases megatron-core 0.16.1 cannot train under TP;
              the distributed optimizer) and trains iterations 2 and 3
 The layout's lm loss (and MTP / MoE aux losses) at 2 and 3 equal the one-rank run's (rel 1e-5): a
 save at one layout resumes exactly at another. Layouts are compared from a common checkpoint:
@@ -23,9 +24,9 @@ COMMON = [
     "3",
     "--eval-interval",
     "1000",
-    "--disable-bias-linear",
     "--use-distributed-optimizer",
 ]
+NO_BIAS = ["--disable-bias-linear"]
 ROPE = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--untie-embeddings-and-output-weights"]
 MOE_LAYOUT = [
     "--tensor-model-parallel-size",
@@ -44,6 +45,7 @@ FAMILIES = {
     "deepseek_v3": (
         [
             *ROPE,
+            *NO_BIAS,
             "--swiglu",
             "--num-layers",
             "3",
@@ -94,12 +96,13 @@ FAMILIES = {
         [*DENSE_LAYOUT, "--sequence-parallel", "--decoder-first-pipeline-num-layers", "1"],
     ),
     "qwen3": (
-        [*ROPE, "--swiglu", "--qk-layernorm", "--group-query-attention", "--num-query-groups", "2"],
+        [*ROPE, *NO_BIAS, "--swiglu", "--qk-layernorm", "--group-query-attention", "--num-query-groups", "2"],
         DENSE_LAYOUT,
     ),
     "qwen3_moe": (
         [
             *ROPE,
+            *NO_BIAS,
             "--swiglu",
             "--qk-layernorm",
             "--group-query-attention",
@@ -117,15 +120,15 @@ FAMILIES = {
         MOE_LAYOUT,
     ),
     "llama3": (
-        [*ROPE, "--swiglu", "--group-query-attention", "--num-query-groups", "2", "--use-rope-scaling"],
+        [*ROPE, *NO_BIAS, "--swiglu", "--group-query-attention", "--num-query-groups", "2", "--use-rope-scaling"],
         DENSE_LAYOUT,
     ),
     # learnable softmax offsets (sinks), a sliding window every other layer, quick-GeGLU with its
-    # offset and clamp, QKV bias
+    # offset and clamp, biases in every linear layer: attention, experts and router (Megatron-LM's
+    # default --add-bias-linear, gpt-oss's configuration)
     "gpt_oss": (
         [
             *ROPE,
-            "--add-qkv-bias",
             "--group-query-attention",
             "--num-query-groups",
             "2",
@@ -151,11 +154,13 @@ FAMILIES = {
             "--moe-aux-loss-coeff",
             "0.01",
         ],
-        MOE_LAYOUT,
+        # EP2 x DP2: megatron-core 0.16.1 trains expert biases under neither expert TP nor sequence parallelism
+        ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"],
     ),
     "mixtral": (
         [
             *ROPE,
+            *NO_BIAS,
             "--swiglu",
             "--group-query-attention",
             "--num-query-groups",
