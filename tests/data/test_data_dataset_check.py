@@ -75,7 +75,7 @@ def test_the_trainer_refuses_it_before_any_work(datasets):
     """pretrain_gpt.py's start-up (setup_args): one TokenizerError naming the flag, the prefix and the fix."""
     from megatron_npu.training.loop import setup_args
 
-    flags = [*MODEL, "--train-iters", "2", "--split", "1,0,0", "--tokenizer-type", "SentencePieceTokenizer", *SPM]
+    flags = [*MODEL, "--train-iters", "3", "--split", "1,0,0", "--tokenizer-type", "SentencePieceTokenizer", *SPM]
     with pytest.raises(TokenizerError) as error:
         setup_args([*flags, "--data-path", "1.0", datasets["legacy-sp"]], None)
     message = str(error.value)

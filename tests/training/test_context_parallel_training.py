@@ -153,7 +153,7 @@ def test_bad_context_parallel_layouts_stop_start_up_with_one_line(name, monkeypa
     monkeypatch.setenv("WORLD_SIZE", str(cp))
     for rank in range(cp):  # every rank decides alone, before any process group
         monkeypatch.setenv("RANK", str(rank))
-        argv = [*MODEL, *MOCK_DATA, "--train-iters", "2", *NO_DROPOUT, *flags]
+        argv = [*MODEL, *MOCK_DATA, "--train-iters", "3", *NO_DROPOUT, *flags]
         status = pretrain_gpt.pretrain(
             pretrain_gpt.train_valid_test_datasets_provider,
             pretrain_gpt.model_provider,

@@ -263,7 +263,7 @@ def test_a_corrupt_dataset_is_refused_before_training_naming_the_file(
         pretrain_gpt.model_provider,
         None,
         pretrain_gpt.forward_step,
-        argv=[*argv, "--train-iters", "2"],
+        argv=[*argv, "--train-iters", "3"],
     )
     err = capsys.readouterr().err
     assert status == 2 and not dist.is_initialized()

@@ -23,7 +23,7 @@ def flags(*changes: str, drop: tuple[str, ...] = ()) -> list[str]:
         index = out.index(flag)
         has_value = index + 1 < len(out) and not out[index + 1].startswith("--")
         del out[index : index + 1 + has_value]
-    return [*out, "--train-iters", "2", *changes]
+    return [*out, "--train-iters", "3", *changes]
 
 
 CASES = {
