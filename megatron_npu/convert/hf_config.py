@@ -23,15 +23,12 @@ FAMILIES = {
     "mixtral": "Mixtral",
     "gpt2": "GPT-2",
     "deepseek_v3": "DeepSeek-V3",
+    "gpt_oss": "gpt-oss",
 }
 # families named in the issue this converter cannot train exactly yet, and why
-NOT_YET = {
-    "gpt_oss": (
-        "its experts and router have biases, which megatron-core 0.16.1's experts cannot train (pretrain_gpt.py "
-        "refuses --num-experts without --disable-bias-linear), and its YaRN on standard attention has no "
-        "Megatron-LM core_v0.16.1 flag"
-    ),
-}
+NOT_YET: dict[str, str] = {}
+# gpt-oss's expert activation: megatron-core's quick_gelu fixes the sigmoid's alpha at 1.702
+GPT_OSS_ALPHA = 1.702
 # families whose attention normalises q and k per head (--qk-layernorm)
 QK_NORM = ("qwen3", "qwen3_moe")
 # megatron-core 0.16's MLA YaRN settings Megatron-LM core_v0.16.1 has no flag for (MLATransformerConfig's defaults)
@@ -113,6 +110,32 @@ class MLASpec:
 
 
 @dataclass(frozen=True)
+class GptOssSpec:
+    """gpt-oss's attention and activation: biases in every linear layer (router included), a learnable
+    sink logit per head, a sliding window on the layers layer_types names, clamped quick-GeGLU."""
+
+    window: int | None  # HF sliding_window: a query sees itself and the window - 1 tokens before it
+    windowed: tuple[bool, ...]  # per layer: sliding_attention
+    clamp: float  # swiglu_limit
+
+    def flags(self) -> list[str]:
+        f = ["--softmax-type", "learnable", "--quick-geglu", "--glu-linear-offset", "1.0"]
+        f += ["--activation-func-clamp-value", repr(self.clamp)]
+        if self.window is not None and any(self.windowed):
+            # megatron-core's window (w, 0) lets a query see w tokens before it
+            f += ["--window-size", f"{self.window - 1},0", "--window-attn-skip-freq", _layer_pattern(self.windowed)]
+        return f
+
+
+def _layer_pattern(windowed: tuple[bool, ...]) -> str:
+    """--window-attn-skip-freq: N when every N-th layer (1-based) is full and the others windowed, else a list."""
+    for n in range(2, len(windowed) + 1):
+        if windowed == tuple((i + 1) % n != 0 for i in range(len(windowed))):
+            return str(n)
+    return "[" + ",".join(str(int(w)) for w in windowed) + "]"
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """The architecture both sides agree on, and the vocabulary padding for one TP size."""
 
@@ -138,6 +161,7 @@ class ModelSpec:
     mla: MLASpec | None = None
     mtp_layers: int = 0  # DeepSeek-V3's multi-token prediction layers the checkpoint holds
     dtype: str = "float32"
+    gpt_oss: GptOssSpec | None = None
 
     @property
     def gpt2(self) -> bool:
@@ -170,8 +194,15 @@ class ModelSpec:
         if self.gpt2:
             f += ["--position-embedding-type", "learned_absolute", "--openai-gelu"]
         else:
-            f += ["--position-embedding-type", "rope", "--rotary-base", str(self.rotary_base)]
-            f += ["--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear"]
+            f += [
+                "--position-embedding-type",
+                "rope",
+                "--rotary-base",
+                str(self.rotary_base),
+                "--normalization",
+                "RMSNorm",
+            ]
+            f += self.gpt_oss.flags() if self.gpt_oss else ["--swiglu", "--disable-bias-linear"]
             if self.qkv_bias:
                 f += ["--add-qkv-bias"]
             if self.qk_layernorm and self.mla is None:
@@ -276,6 +307,14 @@ def _moe(cfg: dict, family: str, num_layers: int) -> MoESpec | None:
         )
     if family == "deepseek_v3":
         return _deepseek_moe(cfg, num_layers)
+    if family == "gpt_oss":  # top-k of the logits (router bias included), softmax over those k
+        return MoESpec(
+            num_experts=int(cfg["num_local_experts"]),
+            ffn_hidden_size=int(cfg["intermediate_size"]),
+            topk=int(cfg.get("num_experts_per_tok") or cfg["experts_per_token"]),
+            pre_softmax=False,
+            layers=(True,) * num_layers,
+        )
     return None
 
 
@@ -336,6 +375,26 @@ def _mla(cfg: dict) -> MLASpec:
         qk_pos_emb_head_dim=int(cfg["qk_rope_head_dim"]),
         v_head_dim=int(cfg["v_head_dim"]),
         yarn=yarn,
+    )
+
+
+def _gpt_oss(cfg: dict, num_layers: int) -> GptOssSpec:
+    alpha = float(cfg.get("swiglu_alpha", GPT_OSS_ALPHA))
+    if alpha != GPT_OSS_ALPHA:
+        raise ConvertError(
+            f"gpt-oss with swiglu_alpha {alpha}: megatron-core's quick-GeGLU fixes it at {GPT_OSS_ALPHA}"
+        )
+    types = cfg.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)
+    ]  # transformers' default
+    unknown = set(types) - {"sliding_attention", "full_attention"}
+    if unknown:
+        raise ConvertError(f"gpt-oss with layer_types {sorted(unknown)}: only sliding_attention and full_attention")
+    window = cfg.get("sliding_window")
+    return GptOssSpec(
+        window=int(window) if window else None,
+        windowed=tuple(t == "sliding_attention" for t in types),
+        clamp=float(cfg.get("swiglu_limit", 7.0)),
     )
 
 
@@ -401,7 +460,11 @@ def model_spec(
     else:
         if cfg.get("hidden_act", "silu") != "silu":
             raise ConvertError(f"{arch} with hidden_act {cfg['hidden_act']!r}: only silu (--swiglu)")
-        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        if family == "gpt_oss" and not cfg.get("attention_bias", True):
+            raise ConvertError(
+                f"{arch} with attention_bias false: gpt-oss's layers all have biases (--add-bias-linear)"
+            )
+        if family != "gpt_oss" and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
             raise ConvertError(f"{arch} with attention_bias/mlp_bias: only the QKV bias of Qwen2 is mapped")
         heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
         mla = _mla(cfg) if family == "deepseek_v3" else None
@@ -433,6 +496,7 @@ def model_spec(
             mla=mla,
             mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0) if with_mtp and mla else 0,
             dtype=dtype,
+            gpt_oss=_gpt_oss(cfg, num_layers) if family == "gpt_oss" else None,
         )
     check_layout(spec, tp=tp, pp=pp, vpp=vpp, ep=ep)
     return spec
@@ -447,6 +511,7 @@ def layout_flags(spec: ModelSpec, *, tp: int, pp: int, vpp: int | None, ep: int)
         flags += ["--expert-model-parallel-size", str(ep)]
     if spec.moe is not None and tp > 1:
         flags += ["--sequence-parallel"]
+
     return flags
 
 
@@ -463,6 +528,8 @@ def check_attention_window(cfg: dict, seq_length: int) -> None:
                 f"megatron-core's RotaryEmbedding cannot; convert and train with --seq-length {original} or less"
             )
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    if window is not None and cfg.get("model_type") == "gpt_oss":  # its windows train as windows
+        return
     if window is not None and window < seq_length:
         raise ConvertError(
             f"sliding-window attention ({window} tokens) at --seq-length {seq_length}: pretrain_gpt.py's attention "
@@ -502,12 +569,18 @@ def _check_experts(spec: ModelSpec, *, tp: int, ep: int) -> None:
         if ep != 1:
             raise ConvertError(f"--ep {ep} for a dense model ({spec.family} has no experts): use --ep 1")
         return
-    experts = {"mixtral": "num_local_experts", "deepseek_v3": "n_routed_experts"}.get(spec.family, "num_experts")
+    experts = {"mixtral": "num_local_experts", "deepseek_v3": "n_routed_experts", "gpt_oss": "num_local_experts"}
+    experts = experts.get(spec.family, "num_experts")
     if spec.moe.num_experts % ep:
         raise ConvertError(
             f"{experts} {spec.moe.num_experts} is not divisible by --ep {ep}: choose an EP size that divides the experts"
         )
-    ffn = "intermediate_size" if spec.family == "mixtral" else "moe_intermediate_size"
+    if spec.gpt_oss is not None and tp > 1:
+        raise ConvertError(
+            f"gpt-oss at --tp {tp}: pretrain_gpt.py trains its expert biases only at TP 1 (megatron-core 0.16.1 "
+            "needs sequence parallelism for experts under TP and then sums their fc2 bias gradient twice); use --tp 1"
+        )
+    ffn = "intermediate_size" if spec.family in ("mixtral", "gpt_oss") else "moe_intermediate_size"
     if spec.moe.ffn_hidden_size % tp:
         raise ConvertError(f"{ffn} {spec.moe.ffn_hidden_size} is not divisible by --tp {tp}")
 

@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 
 from megatron_npu.convert.hf_config import ConvertError
+from megatron_npu.convert.mapping import sliced
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -54,20 +55,21 @@ class HFReader:
 
     def has(self, name: str) -> bool:
         try:
-            return bool(self._name(name))
+            return bool(self._name(sliced(name)[0]))
         except ConvertError:
             return False
 
     def dtype(self, name: str) -> str:
         """The tensor's safetensors dtype (``F32``, ``BF16``, ...), read from its shard's header."""
-        name = self._name(name)
+        name = self._name(sliced(name)[0])
         with safe_open(os.path.join(self.model_dir, self.weight_map[name]), framework="pt") as f:
             return f.get_slice(name).get_dtype()
 
     def get(self, name: str) -> torch.Tensor:
+        name, row = sliced(name)
         name = self._name(name)
         with safe_open(os.path.join(self.model_dir, self.weight_map[name]), framework="pt") as f:
-            return f.get_tensor(name)
+            return f.get_tensor(name) if row is None else f.get_slice(name)[row : row + 1][0].clone()
 
 
 # safetensors' dtype names (its file format, which the writer below produces itself)

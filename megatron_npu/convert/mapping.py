@@ -12,6 +12,9 @@ trip gives the same bits. Layouts (megatron-core's, not documented in one place)
 - Experts: ``mlp.experts.local_experts.{e}`` (SequentialMLP's names, which the trainer's
   ``--moe-grouped-gemm`` keeps), saved as one tensor per layer with an expert axis (global expert
   index, so any EP size loads it); the router's ``[experts, hidden]`` weight as HF's gate.
+- gpt-oss holds each layer's experts as one HF tensor (``gate_up_proj`` ``[experts, in, 2 x ffn]`` with
+  gate and up columns interleaved, ``down_proj`` ``[experts, ffn, in]``, their biases): each expert's
+  rule names its row (``expert_slice``), which the reader reads alone and the export stacks back.
 """
 
 from __future__ import annotations
@@ -125,8 +128,56 @@ EXPERT_NAMES = {
 }
 
 
+def expert_slice(name: str, e: int) -> str:
+    """The HF name of expert ``e``'s slice of a tensor holding all experts on a leading axis: ``name[e]``
+    (the reader reads that row alone; the export stacks the rows back)."""
+    return f"{name}[{e}]"
+
+
+def sliced(name: str) -> tuple[str, int | None]:
+    """(tensor name, expert row) of an ``expert_slice`` name; (name, None) for a whole tensor."""
+    if not name.endswith("]"):
+        return name, None
+    base, row = name[:-1].rsplit("[", 1)
+    return base, int(row)
+
+
+def _interleaved_glu(ts: Tensors) -> torch.Tensor:
+    """gpt-oss's gate_up ``[in, 2I]`` (or bias ``[2I]``) interleaves gate and up columns; megatron-core's
+    fc1 is ``[gate; up]`` rows."""
+    t = ts[0].t() if ts[0].dim() == 2 else ts[0]
+    return torch.cat([t[0::2], t[1::2]]).contiguous()
+
+
+def _interleaved_glu_back(t: torch.Tensor) -> Tensors:
+    gate, up = t.chunk(2)
+    glu = torch.stack([gate, up], dim=1).reshape(-1, *t.shape[1:])
+    return [glu.t().contiguous() if glu.dim() == 2 else glu]
+
+
+def _gpt_oss_mlp_rules(spec: ModelSpec, m: str, h: str) -> Iterator[Rule]:
+    """gpt-oss: router with bias; the experts stacked per layer in HF ([experts, in, out], gate and up
+    interleaved), one SequentialMLP expert each in megatron-core."""
+    for kind in ("weight", "bias"):
+        yield Rule(f"{m}mlp.router.{kind}", (f"{h}mlp.router.{kind}",), _same, _one)
+    x = h + "mlp.experts."
+    for e in range(spec.moe.num_experts):
+        me = f"{m}mlp.experts.local_experts.{e}."
+        parts = (
+            ("linear_fc1.weight", "gate_up_proj", _interleaved_glu, _interleaved_glu_back),
+            ("linear_fc1.bias", "gate_up_proj_bias", _interleaved_glu, _interleaved_glu_back),
+            ("linear_fc2.weight", "down_proj", _t, _t_back),
+            ("linear_fc2.bias", "down_proj_bias", _same, _one),
+        )
+        for megatron, hf, to_megatron, to_hf in parts:
+            yield Rule(me + megatron, (expert_slice(x + hf, e),), to_megatron, to_hf)
+
+
 def _mlp_rules(spec: ModelSpec, i: int, m: str, h: str) -> Iterator[Rule]:
     """Layer i's MLP: dense (gate/up/down) or routed experts with their router."""
+    if spec.gpt_oss is not None:
+        yield from _gpt_oss_mlp_rules(spec, m, h)
+        return
     if spec.moe is None or not spec.moe.layers[i]:
         yield Rule(m + "mlp.linear_fc1.weight", *_swiglu((h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight")))
         yield Rule(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), _same, _one)
@@ -178,13 +229,16 @@ def _layer_rules(spec: ModelSpec, i: int, m: str, h: str) -> Iterator[Rule]:
         yield from _mla_rules(spec, m + "self_attention.", h + "self_attn.")
     else:
         qkv_in, qkv_out = _qkv(spec)
-        for kind in ("weight", "bias") if spec.qkv_bias else ("weight",):
+        for kind in ("weight", "bias") if spec.qkv_bias or spec.gpt_oss else ("weight",):
             names = tuple(f"{h}self_attn.{p}_proj.{kind}" for p in "qkv")
             yield Rule(f"{m}self_attention.linear_qkv.{kind}", names, qkv_in, qkv_out)
     if spec.qk_layernorm and spec.mla is None:  # per-head norms of q and k: [kv_channels] both sides
         for p in "qk":
             yield Rule(f"{m}self_attention.{p}_layernorm.weight", (f"{h}self_attn.{p}_norm.weight",), _same, _one)
     yield Rule(m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",), _same, _one)
+    if spec.gpt_oss:  # o_proj's bias; the sinks: megatron-core's learnable softmax offset, one per head
+        yield Rule(m + "self_attention.linear_proj.bias", (h + "self_attn.o_proj.bias",), _same, _one)
+        yield Rule(m + "self_attention.core_attention.softmax_offset", (h + "self_attn.sinks",), _same, _one)
     yield Rule(m + "pre_mlp_layernorm.weight", (h + "post_attention_layernorm.weight",), _same, _one)
     yield from _mlp_rules(spec, i, m, h)
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from megatron_npu.convert.hf_config import ModelSpec, layout_flags
 from megatron_npu.convert.hf_io import HFReader
-from megatron_npu.convert.mapping import VOCAB_TENSORS, rules
+from megatron_npu.convert.mapping import VOCAB_TENSORS, rules, sliced
 from megatron_npu.convert.pieces import Pieces, Reader, layer_stacked
 from megatron_npu.training.arguments import parse_args
 from megatron_npu.training.checkpointing import checkpoint_dir, save_checkpoint
@@ -221,13 +221,23 @@ def megatron_to_hf(
                     targets[entry.key] = (at, torch.empty(shape, dtype=params[name].dtype))
                 of[name] = (entry.key, expert)
         reader.load(targets)
+        rows: dict[str, dict[int, torch.Tensor]] = {}  # HF tensors stacked over experts (gpt-oss), row by row
         for name, (key, expert) in of.items():
             target = targets[key][1]
             with torch.no_grad():
                 tensors = by_name[name].to_hf(target if expert is None else target[expert])
             for hf_name, tensor in zip(by_name[name].hf, tensors, strict=True):
-                yield hf_name, tensor.to(other.get(hf_name, dtype))
+                tensor, (base, row) = tensor.to(other.get(hf_name, dtype)), sliced(hf_name)
+                if row is None:
+                    yield hf_name, tensor
+                    continue
+                rows.setdefault(base, {})[row] = tensor
+                if len(rows[base]) == spec.moe.num_experts:  # a layer's experts are all in one piece
+                    stacked = rows.pop(base)
+                    yield base, torch.stack([stacked[e] for e in range(spec.moe.num_experts)])
             done += 1
+        if rows:
+            raise RuntimeError(f"{directory}: experts missing from {sorted(rows)}")
         progress(f"  {piece}: {done}/{len(by_name)} tensors ({time.monotonic() - start:.0f} s)")
 
 
