@@ -383,6 +383,7 @@ PRETRAIN_LAYOUTS = {
     # with its MTP layer (trained beside, its loss apart from the lm loss); aux-loss-free balancing moves
     # the expert bias every step whatever the lr: held, so the save is the import
     "deepseek_v3-mtp": ["--moe-router-bias-update-rate", "0"],
+    "gpt_oss": [],  # PP2 x EP2 (TP1: its expert biases), as converted
 }
 
 
