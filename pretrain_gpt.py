@@ -18,11 +18,10 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.enums import ModelType
 from megatron.core.models.gpt import GPTModel
-from megatron.core.transformer.multi_token_prediction import mtp_on_this_rank
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.compat import get_batch_on_this_cp_rank  # megatron-core's, on every release
-from megatron_npu.compat.core import call_with_vp_stage
+from megatron_npu.compat.core import call_with_vp_stage, mtp_on_this_rank
 from megatron_npu.spec import gpt_layer_spec, mtp_block_spec
 from megatron_npu.training import get_args, get_timers, get_tokenizer, print_rank_0
 from megatron_npu.training.config import transformer_config
@@ -88,7 +87,7 @@ def get_batch(data_iterator):
 def _mtp_here() -> bool:
     """Multi-token prediction embeds the shifted tokens on the chunk that holds its layers."""
     args = get_args()
-    return bool(args.mtp_num_layers) and mtp_on_this_rank(transformer_config(args), ignore_virtual=True)
+    return bool(args.mtp_num_layers) and mtp_on_this_rank(transformer_config(args))
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec_for_backend
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import transformer_block
-from megatron.core.transformer.enums import LayerType
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron_npu.compat.core import mtp_block_spec_for_backend
 from megatron_npu.compat.specs import (  # megatron-core's, on every supported release
     get_num_layers_to_build,
     get_transformer_layer_offset,
@@ -50,7 +50,9 @@ def gpt_layer_spec(args: argparse.Namespace, vp_stage: int | None = None) -> Mod
     config = transformer_config(args)
     specs = decoder_layer_specs(args)
     layout = config.pipeline_model_parallel_layout
-    if layout is not None:
+    if layout is not None:  # a pipeline layout string (megatron-core 0.14+: older releases refuse the field)
+        from megatron.core.transformer.enums import LayerType
+
         ids = layout.get_layer_id_list(layer_type=LayerType.decoder, vp_stage=vp_stage)
         local = [specs[i] for i in ids]
     else:
@@ -76,7 +78,7 @@ def mtp_block_spec(args: argparse.Namespace, config: TransformerConfig, vp_stage
     if not getattr(args, "mtp_num_layers", None):
         return None
     last_layer = decoder_layer_specs(args)[-1]
-    return get_gpt_mtp_block_spec_for_backend(config, last_layer, backend=spec_provider(args), vp_stage=vp_stage)
+    return mtp_block_spec_for_backend(config, last_layer, spec_provider(args), vp_stage)
 
 
 def _layer_spec(args: argparse.Namespace) -> ModuleSpec:

@@ -14,6 +14,7 @@ from .configs import release_config
 from .core import (
     ReleaseGap,
     check_checkpoint_support,
+    check_mtp_support,
     check_virtual_pipeline_support,
     fully_reshardable_optimizer_formats,
     get_batch_on_this_cp_rank,
@@ -27,6 +28,7 @@ from .tokenizers import core_tokenizer_builder
 __all__ = [
     "ReleaseGap",
     "check_checkpoint_support",
+    "check_mtp_support",
     "check_virtual_pipeline_support",
     "fully_reshardable_optimizer_formats",
     "core_tokenizer_builder",

@@ -35,6 +35,14 @@ def squared_relu(x: Any) -> Any:
     return torch.pow(torch.nn.functional.relu(x), 2)
 
 
+def quick_gelu() -> Any:
+    """``megatron.core.fusions.fused_bias_geglu.quick_gelu`` (gpt-oss's activation; 0.15+), or ``ReleaseGap``."""
+    found = find("megatron.core.fusions.fused_bias_geglu", "quick_gelu")
+    if found is None:
+        raise gap("gpt-oss's quick-GeLU activation", "drop --quick-geglu, or use a later release")
+    return found
+
+
 def unwrap_model(model: Any) -> Any:
     """``megatron.core.utils.unwrap_model`` (0.14+); before, the same unwrapping of megatron-core's DDP and
     Float16Module wrappers (a list in, a list out)."""
@@ -148,3 +156,29 @@ def check_checkpoint_support(distributed_optimizer: bool) -> None:
             "the distributed optimizer's fully reshardable checkpoint layout",
             "drop --use-distributed-optimizer, or --save / --load",
         )
+
+
+def check_mtp_support() -> None:
+    """Asked at start-up when the run has ``--mtp-num-layers`` (before any process group): this trainer places
+    the MTP block with megatron-core's ``mtp_on_this_rank`` (0.16+) and builds it with
+    ``get_gpt_mtp_block_spec_for_backend`` (0.13+); ``ReleaseGap`` where the release lacks either."""
+    for module, name in (
+        ("megatron.core.transformer.multi_token_prediction", "mtp_on_this_rank"),
+        ("megatron.core.models.gpt.gpt_layer_specs", "get_gpt_mtp_block_spec_for_backend"),
+    ):
+        if find(module, name) is None:
+            raise gap(
+                f"multi-token prediction as this trainer builds it ({name})",
+                "drop --mtp-num-layers, or install megatron-core >= 0.16",
+            )
+
+
+def mtp_on_this_rank(config: Any) -> bool:
+    """megatron-core's ``mtp_on_this_rank`` (0.16+; check_mtp_support refuses MTP where it is missing)."""
+    return find("megatron.core.transformer.multi_token_prediction", "mtp_on_this_rank")(config, ignore_virtual=True)
+
+
+def mtp_block_spec_for_backend(config: Any, layer_spec: Any, backend: Any, vp_stage: int | None) -> Any:
+    """megatron-core's ``get_gpt_mtp_block_spec_for_backend`` (0.13+; check_mtp_support refuses MTP before it)."""
+    build = find("megatron.core.models.gpt.gpt_layer_specs", "get_gpt_mtp_block_spec_for_backend")
+    return build(config, layer_spec, backend=backend, vp_stage=vp_stage)

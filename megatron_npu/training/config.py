@@ -16,7 +16,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812
 from megatron.core.distributed import DistributedDataParallelConfig
-from megatron.core.fusions.fused_bias_geglu import quick_gelu
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
@@ -25,6 +24,7 @@ from megatron.core.transformer.utils import openai_gelu
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.compat import release_config, squared_relu
+from megatron_npu.compat.core import quick_gelu
 from megatron_npu.ops.fused import fused_rotary_serves
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -70,7 +70,7 @@ def _activation(args: argparse.Namespace) -> tuple[Callable, bool]:
     if args.swiglu:
         return F.silu, True
     if getattr(args, "quick_geglu", False):  # gpt-oss: gated quick-GeLU (offset and clamp: config fields)
-        return quick_gelu, True
+        return quick_gelu(), True
     if args.squared_relu:
         return squared_relu, False
     if args.openai_gelu:

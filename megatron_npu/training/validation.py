@@ -94,6 +94,13 @@ def validate_args(
     _check_model_size(args)
     _derive_position_embeddings(args)
     check_model_family_args(args)
+    if args.mtp_num_layers:
+        from megatron_npu.compat import ReleaseGap, check_mtp_support
+
+        try:  # megatron-core 0.12-0.15 lack what this trainer places and builds MTP with: said now
+            check_mtp_support()
+        except ReleaseGap as gap:
+            raise ConfigError(str(gap)) from None
 
     # Model shape.
     if args.swiglu and args.squared_relu:

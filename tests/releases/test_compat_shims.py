@@ -136,6 +136,27 @@ def test_a_release_without_vp_stage_refuses_virtual_pipeline_stages_at_start_up(
     parse_args([*base, "--pipeline-model-parallel-size", "2"], world_size=2, check_paths=False)  # no VPP: no ask
 
 
+def test_a_release_without_mtp_on_this_rank_refuses_multi_token_prediction_at_start_up(monkeypatch):
+    """0.12-0.15 lack megatron-core's mtp_on_this_rank (0.12 also the MTP block spec for a backend): --mtp-num-layers
+    is refused in one line before any process group; pretrain_gpt.py itself still imports (the full matrix runs it)."""
+    from megatron.core.transformer import multi_token_prediction
+
+    from megatron_npu.policy import ConfigError
+    from megatron_npu.training.arguments import parse_args
+
+    base = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2", "--seq-length", "8"]
+    base += ["--max-position-embeddings", "8", "--micro-batch-size", "1", "--train-iters", "2", "--lr", "1e-3"]
+    base += ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64"]
+    base += ["--position-embedding-type", "rope"]
+    parse_args([*base, "--mtp-num-layers", "1"], world_size=1, check_paths=False)  # 0.16.1 has it
+
+    monkeypatch.delattr(multi_token_prediction, "mtp_on_this_rank")
+    with pytest.raises(ConfigError, match=r"mtp_on_this_rank\) is not in megatron-core 0\.\d+\.\d+: drop") as refused:
+        parse_args([*base, "--mtp-num-layers", "1"], world_size=1, check_paths=False)
+    assert "\n" not in str(refused.value) and "megatron-core >= 0.16" in str(refused.value)
+    parse_args(base, world_size=1, check_paths=False)  # no MTP: nothing asked
+
+
 def test_a_release_without_the_fully_reshardable_layout_has_no_reshardable_optimizer_formats(monkeypatch):
     """0.13-0.14: resuming this trainer's checkpoints (no distributed-optimizer state there) asks for the formats."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
