@@ -49,7 +49,7 @@ def gpt_layer_spec(args: argparse.Namespace, vp_stage: int | None = None) -> Mod
         return _layer_spec(args)
     config = transformer_config(args)
     specs = decoder_layer_specs(args)
-    layout = config.pipeline_model_parallel_layout
+    layout = getattr(config, "pipeline_model_parallel_layout", None)  # a field of megatron-core 0.14+
     if layout is not None:  # a pipeline layout string (megatron-core 0.14+: older releases refuse the field)
         from megatron.core.transformer.enums import LayerType
 

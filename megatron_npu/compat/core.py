@@ -43,6 +43,21 @@ def quick_gelu() -> Any:
     return found
 
 
+def layer_window(config: Any, layer_number: int) -> Any:
+    """This layer's sliding window, or None: megatron-core's ``is_layer_window_attention`` over the config's
+    ``window_size`` / ``window_attn_skip_freq`` (0.13+); a release without them has no windows."""
+    is_window_layer = find("megatron.core.transformer.utils", "is_layer_window_attention")
+    window = getattr(config, "window_size", None)
+    if is_window_layer is None or window is None:
+        return None
+    return window if is_window_layer(window, config.window_attn_skip_freq, layer_number) else None
+
+
+def softmax_type(config: Any) -> str:
+    """``TransformerConfig.softmax_type`` (0.15+; before, always megatron-core's vanilla softmax)."""
+    return getattr(config, "softmax_type", "vanilla")
+
+
 def unwrap_model(model: Any) -> Any:
     """``megatron.core.utils.unwrap_model`` (0.14+); before, the same unwrapping of megatron-core's DDP and
     Float16Module wrappers (a list in, a list out)."""

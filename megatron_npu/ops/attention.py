@@ -15,9 +15,9 @@ from typing import Any
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
-from megatron.core.transformer.utils import is_layer_window_attention
 
 from megatron_npu.accelerator import get_accelerator
+from megatron_npu.compat.core import layer_window
 from megatron_npu.ops import fused
 
 #: what the fused path runs (the doctor lists both)
@@ -45,9 +45,7 @@ class FusedDotProductAttention(DotProductAttention):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        config = self.config
-        window = is_layer_window_attention(config.window_size, config.window_attn_skip_freq, self.layer_number)
-        self.window_size = config.window_size if window else None
+        self.window_size = layer_window(self.config, self.layer_number)
 
     def _fused_path(self, attn_mask_type: Any, attention_bias: Any, packed_seq_params: Any) -> bool:
         return (

@@ -33,6 +33,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron_npu.compat.core import softmax_type
 from megatron_npu.ops.cp_ring import Ring, RingAttention
 
 COMM_TYPES = ("p2p", "a2a", "a2a+p2p")
@@ -203,7 +204,7 @@ def _check_supported(config: TransformerConfig, attn_mask_type: AttnMaskType, dr
         raise ValueError(
             "context parallelism without Transformer Engine has no attention dropout; set --attention-dropout 0"
         )
-    if config.softmax_type != "vanilla" or config.window_size is not None:
+    if softmax_type(config) != "vanilla" or config.window_size is not None:
         raise ValueError(
             "context parallelism without Transformer Engine supports the vanilla softmax without sliding windows"
         )
