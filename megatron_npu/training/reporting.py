@@ -104,6 +104,9 @@ def moe_losses(
             values = torch.zeros(layers, device=get_accelerator().device())
             tracker[name] = {"values": values, "reduce_group": None, "avg_group": None, "reduce_group_has_dp": False}
     totals: dict[str, Any] = {}
+    # as Megatron-LM's training_log, the mean counts MTP's MoE layers; passed only with MTP (0.12's
+    # track_moe_metrics has no such argument, and the trainer refuses MTP there at start-up)
+    with_mtp = {"mtp_num_layers": model.mtp_num_layers} if model.mtp_num_layers else {}
     track_moe_metrics(
         loss_scale=1 / num_microbatches,
         iteration=iteration,
@@ -114,7 +117,7 @@ def moe_losses(
         track_names=names,
         num_layers=model.num_layers,
         moe_layer_freq=moe.layer_freq,
-        mtp_num_layers=model.mtp_num_layers,  # as Megatron-LM's training_log: the mean counts MTP's MoE layers
+        **with_mtp,
     )
     return {name: float(value) for name, value in totals.items()}
 
