@@ -32,6 +32,28 @@ SHAPE = {"hidden": 2048, "heads": 32, "groups": 8, "ffn": 8192, "vocab": 128256}
 MOE_SHAPE = {"hidden": 2048, "heads": 32, "groups": 4, "head_dim": 128, "experts": 32, "ffn": 768, "vocab": 32000}
 
 
+def rand(*shape: int) -> torch.Tensor:
+    return (torch.randn(*shape) * 0.02).to(torch.bfloat16)
+
+
+class ShardWriter:
+    """Writes an HF directory's safetensors shards one call each, then its index (the weight map and total size)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.weight_map, self.total = path, {}, 0
+
+    def __call__(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        save_file(tensors, os.path.join(self.path, name), metadata={"format": "pt"})
+        self.weight_map.update(dict.fromkeys(tensors, name))
+        self.total += sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def write_index(self) -> int:
+        """The index file; returns the model's bytes."""
+        with open(os.path.join(self.path, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": self.total}, "weight_map": self.weight_map}, f)
+        return self.total
+
+
 def write_model(path: str, layers: int) -> int:
     """A random LLaMA-3.2-1B-shaped HF directory; returns its bytes."""
     os.makedirs(path, exist_ok=True)
@@ -61,17 +83,7 @@ def write_model(path: str, layers: int) -> int:
     }
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
-    weight_map, total = {}, 0
-
-    def shard(name: str, tensors: dict[str, torch.Tensor]) -> None:
-        nonlocal total
-        save_file(tensors, os.path.join(path, name), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(tensors, name))
-        total += sum(t.numel() * t.element_size() for t in tensors.values())
-
-    def rand(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape) * 0.02).to(torch.bfloat16)
-
+    shard = ShardWriter(path)
     shard("embed.safetensors", {"model.embed_tokens.weight": rand(SHAPE["vocab"], h), "model.norm.weight": rand(h)})
     for i in range(layers):
         p = f"model.layers.{i}."
@@ -89,9 +101,7 @@ def write_model(path: str, layers: int) -> int:
                 p + "mlp.down_proj.weight": rand(h, SHAPE["ffn"]),
             },
         )
-    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
-    return total
+    return shard.write_index()
 
 
 def write_moe_model(path: str, layers: int) -> int:
@@ -122,17 +132,7 @@ def write_moe_model(path: str, layers: int) -> int:
     }
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
-    weight_map, total = {}, 0
-
-    def shard(name: str, tensors: dict[str, torch.Tensor]) -> None:
-        nonlocal total
-        save_file(tensors, os.path.join(path, name), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(tensors, name))
-        total += sum(t.numel() * t.element_size() for t in tensors.values())
-
-    def rand(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape) * 0.02).to(torch.bfloat16)
-
+    shard = ShardWriter(path)
     shard("embed.safetensors", {"model.embed_tokens.weight": rand(m["vocab"], h), "model.norm.weight": rand(h)})
     for i in range(layers):
         p = f"model.layers.{i}."
@@ -152,9 +152,7 @@ def write_moe_model(path: str, layers: int) -> int:
                 tensors[f"{p}mlp.experts.{e}.{proj}.weight"] = rand(*shape)
         shard(f"layer-{i:03d}.safetensors", tensors)
     shard("head.safetensors", {"lm_head.weight": rand(m["vocab"], h)})
-    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
-    return total
+    return shard.write_index()
 
 
 def largest_shard(path: str) -> int:
