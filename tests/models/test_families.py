@@ -38,6 +38,9 @@ MOE_LAYOUT = [
     "alltoall",
 ]
 DENSE_LAYOUT = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
+GQA = ["--group-query-attention", "--num-query-groups", "2"]
+# the small MoE of Qwen3-MoE, gpt-oss and Mixtral: 4 experts of ffn 32, top-2
+EXPERTS = ["--num-experts", "4", "--moe-ffn-hidden-size", "32", "--moe-router-topk", "2"]
 
 FAMILIES = {
     # MLA with a query low rank and YaRN, a dense first layer, shared experts, a sigmoid router with
@@ -96,7 +99,7 @@ FAMILIES = {
         [*DENSE_LAYOUT, "--sequence-parallel", "--decoder-first-pipeline-num-layers", "1"],
     ),
     "qwen3": (
-        [*ROPE, *NO_BIAS, "--swiglu", "--qk-layernorm", "--group-query-attention", "--num-query-groups", "2"],
+        [*ROPE, *NO_BIAS, "--swiglu", "--qk-layernorm", *GQA],
         DENSE_LAYOUT,
     ),
     "qwen3_moe": (
@@ -105,22 +108,15 @@ FAMILIES = {
             *NO_BIAS,
             "--swiglu",
             "--qk-layernorm",
-            "--group-query-attention",
-            "--num-query-groups",
-            "2",
-            "--num-experts",
-            "4",
-            "--moe-ffn-hidden-size",
-            "32",
-            "--moe-router-topk",
-            "2",
+            *GQA,
+            *EXPERTS,
             "--moe-aux-loss-coeff",
             "0.001",
         ],
         MOE_LAYOUT,
     ),
     "llama3": (
-        [*ROPE, *NO_BIAS, "--swiglu", "--group-query-attention", "--num-query-groups", "2", "--use-rope-scaling"],
+        [*ROPE, *NO_BIAS, "--swiglu", *GQA, "--use-rope-scaling"],
         DENSE_LAYOUT,
     ),
     # learnable softmax offsets (sinks), a sliding window every other layer, quick-GeGLU with its
@@ -129,9 +125,7 @@ FAMILIES = {
     "gpt_oss": (
         [
             *ROPE,
-            "--group-query-attention",
-            "--num-query-groups",
-            "2",
+            *GQA,
             "--kv-channels",
             "16",
             "--quick-geglu",
@@ -145,12 +139,7 @@ FAMILIES = {
             "8,0",
             "--window-attn-skip-freq",
             "2",
-            "--num-experts",
-            "4",
-            "--moe-ffn-hidden-size",
-            "32",
-            "--moe-router-topk",
-            "2",
+            *EXPERTS,
             "--moe-aux-loss-coeff",
             "0.01",
         ],
@@ -162,15 +151,8 @@ FAMILIES = {
             *ROPE,
             *NO_BIAS,
             "--swiglu",
-            "--group-query-attention",
-            "--num-query-groups",
-            "2",
-            "--num-experts",
-            "4",
-            "--moe-ffn-hidden-size",
-            "32",
-            "--moe-router-topk",
-            "2",
+            *GQA,
+            *EXPERTS,
             "--moe-aux-loss-coeff",
             "0.01",
         ],
