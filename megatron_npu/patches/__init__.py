@@ -19,6 +19,7 @@ from . import (  # noqa: F401  (importing registers the patches)
     megatron_core_fixes,
     megatron_training,
     moe,
+    moe_expert_bias,
     optimizer,
     pipeline_parallel,
     release_fixes,

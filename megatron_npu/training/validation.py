@@ -242,18 +242,14 @@ def _derive_moe(args: argparse.Namespace, warn: list[str]) -> None:
     if isinstance(freq, int) and freq < 1:
         raise ConfigError(f"--moe-layer-freq must be >= 1, got {freq}")
     # expert and router biases train (megatron_npu/patches/mappings.py makes the expert MLP's in-place
-    # bias add legal; --moe-grouped-gemm runs biased experts one by one), but not split over expert TP
+    # bias add legal, patches/moe_expert_bias.py their gradient under TP x SP; --moe-grouped-gemm runs biased
+    # experts one by one), but not split over expert TP: TransformerConfig asserts "Bias in Moe is only supported
+    # when ETP==1"
     if args.add_bias_linear and args.expert_tensor_parallel_size != 1:
         raise ConfigError(
             f"--num-experts with biases needs --expert-tensor-parallel-size 1 (it is "
-            f"{args.expert_tensor_parallel_size}): megatron-core 0.16.1 splits no expert bias; or --disable-bias-linear"
-        )
-    if args.add_bias_linear and args.sequence_parallel:
-        # megatron-core 0.16.1 marks the experts' fc2 bias sequence_parallel, so finalize_model_grads sums its
-        # gradient over TP once more (measured: lm loss off by rel 2.6e-4 one step later under EP2 x TP2 x SP)
-        raise ConfigError(
-            "--num-experts with biases cannot use --sequence-parallel: megatron-core 0.16.1 sums the experts' "
-            "fc2 bias gradient over TP twice; use --tensor-model-parallel-size 1 or --disable-bias-linear"
+            f"{args.expert_tensor_parallel_size}, which defaults to --tensor-model-parallel-size): megatron-core "
+            "splits no expert bias over expert TP; or --disable-bias-linear"
         )
     check_moe_args(args)
 
