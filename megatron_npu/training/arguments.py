@@ -31,16 +31,24 @@ from ..policy import (
     check_value,
     refusal_for,
 )
-from .fsdp_args import add_fsdp_args
-from .moe_args import add_moe_args
 from .sections import (
     CheckpointSection,
     DataSection,
+    DistributedSection,
+    FsdpSection,
+    InitSection,
     LoggingSection,
+    MiscSection,
+    MixedPrecisionSection,
     ModelSection,
+    MoeSection,
     OptimizerSection,
     ProfilingSection,
+    ReplacedFlags,
     ScheduleSection,
+    Section,
+    TokenizerSection,
+    TrainingSection,
     add_section_arguments,
 )
 from .settings import Settings
@@ -64,188 +72,12 @@ __all__ = [
 # Parser
 # ---------------------------------------------------------------------------------------
 
-_EXT = "[megatron-npu extension] "
-
 
 class _Parser(argparse.ArgumentParser):
     """argparse that raises ConfigError instead of printing usage and exiting."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ConfigError(message)
-
-
-def _add_network_size_args(p: argparse.ArgumentParser) -> None:
-    add_section_arguments(p, ModelSection, "network size")
-
-
-def _add_training_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(title="training")
-    # deprecated: validation refuses them and removes them from the settings
-    g.add_argument("--batch-size", type=int, default=None, help="Old batch size parameter, do not use.")
-    g.add_argument("--warmup", type=int, default=None, help="Old lr warmup argument, do not use.")
-    g.add_argument(
-        "--recompute-activations", action="store_true", help="Recompute activations (selective granularity)."
-    )
-    g.add_argument("--recompute-granularity", type=str, default=None, choices=["full", "selective"])
-    g.add_argument(
-        "--no-check-for-nan-in-loss-and-grad",
-        action="store_false",
-        dest="check_for_nan_in_loss_and_grad",
-        help="Do not check for NaNs in loss and grad.",
-    )
-    g.add_argument("--check-for-spiky-loss", action="store_true", dest="check_for_spiky_loss")
-    g.add_argument("--check-for-large-grads", action="store_true", dest="check_for_large_grads")
-    g.add_argument(
-        "--distribute-saved-activations",
-        action="store_true",
-        help="Distribute recomputed activations across the model parallel group.",
-    )
-    g.add_argument("--recompute-method", type=str, default=None, choices=["uniform", "block"])
-    g.add_argument("--recompute-num-layers", type=int, default=None)
-    g.add_argument("--recompute-modules", nargs="*", type=str, default=None)
-    g.add_argument(
-        "--no-clone-scatter-output-in-embedding", action="store_false", dest="clone_scatter_output_in_embedding"
-    )
-    g.add_argument("--use-cpu-initialization", action="store_true", default=None, help="Initialize weights on the CPU.")
-    g.add_argument("--empty-unused-memory-level", default=0, type=int, choices=[0, 1, 2])
-    g.add_argument("--deterministic-mode", action="store_true")
-    g.add_argument("--check-weight-hash-across-dp-replicas-interval", type=int, default=None)
-    g.add_argument("--calculate-per-token-loss", action="store_true")
-    g.add_argument("--train-sync-interval", type=int, default=None)
-    g.add_argument("--checkpoint-activations", action="store_true", help="Deprecated; do not use.")
-    g.add_argument("--no-masked-softmax-fusion", action="store_false", dest="masked_softmax_fusion")
-    g.add_argument("--no-bias-gelu-fusion", action="store_false", dest="bias_gelu_fusion")
-    g.add_argument("--no-bias-swiglu-fusion", action="store_false", dest="bias_swiglu_fusion")
-    g.add_argument("--no-bias-dropout-fusion", action="store_false", dest="bias_dropout_fusion")
-    g.add_argument("--no-rope-fusion", action="store_false", dest="apply_rope_fusion")
-    g.add_argument(
-        "--apply-rope-fusion",
-        action="store_true",
-        dest="apply_rope_fusion",
-        help="Legacy spelling (rope fusion is on by default).",
-    )
-    g.add_argument("--cross-entropy-loss-fusion", action="store_true", dest="cross_entropy_loss_fusion")
-    g.add_argument("--use-flash-attn", action="store_true", help="Use a flash attention kernel.")
-    g.add_argument(
-        "--no-async-tensor-model-parallel-allreduce",
-        "--disable-async-tensor-model-parallel-allreduce",
-        action="store_false",
-        dest="async_tensor_model_parallel_allreduce",
-        help="Deprecated; ignored.",
-    )
-    g.add_argument("--no-persist-layer-norm", action="store_true")
-    g.add_argument("--sequence-parallel", action="store_true", help="Enable sequence parallelism.")
-    g.add_argument("--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion")
-    g.add_argument(
-        "--use-mcore-models",
-        action="store_true",
-        dest="deprecated_use_mcore_models",
-        help="Deprecated no-op: megatron-core models are always used.",
-    )
-    g.add_argument("--manual-gc", action="store_true")
-    g.add_argument("--manual-gc-interval", type=int, default=0)
-    g.add_argument("--no-manual-gc-eval", "--disable-manual-gc-eval", action="store_false", dest="manual_gc_eval")
-
-
-def _add_initialization_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(title="initialization")
-    g.add_argument("--seed", type=int, default=1234, help="Random seed.")
-    g.add_argument("--data-parallel-random-init", action="store_true")
-
-
-def _add_mixed_precision_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(title="mixed precision")
-    g.add_argument("--fp16", action="store_true", help="Run model in fp16 mode.")
-    g.add_argument("--bf16", action="store_true", help="Run model in bfloat16 mode.")
-    g.add_argument("--grad-reduce-in-bf16", action="store_true", help="Reduce gradients in bfloat16.")
-    g.add_argument("--fp32-residual-connection", action="store_true")
-    g.add_argument("--apply-query-key-layer-scaling", action="store_true")
-    g.add_argument("--attention-softmax-in-fp32", action="store_true")
-    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
-    g.add_argument("--fp16-lm-cross-entropy", action="store_true")
-
-
-def _add_distributed_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(title="distributed")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    g.add_argument("--model-parallel-size", type=int, default=None, help="Old argument, do not use.")
-    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
-    g.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
-    g.add_argument(
-        "--microbatch-group-size-per-virtual-pipeline-stage",
-        type=int,
-        default=None,
-        dest="microbatch_group_size_per_vp_stage",
-        help="Contiguous microbatches per virtual pipeline stage; pipeline size if not given.",
-    )
-    g.add_argument("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm")
-    g.add_argument(
-        "--overlap-p2p-communication-warmup-flush",
-        action="store_true",
-        default=False,
-        dest="overlap_p2p_comm_warmup_flush",
-    )
-    g.add_argument(
-        "--distributed-backend",
-        default="nccl",
-        choices=["nccl", "hccl", "gloo"],
-        help="Collective backend; nccl is mapped to the device's backend (hccl on Ascend).",
-    )
-    g.add_argument(
-        "--distributed-timeout-minutes",
-        type=float,  # Megatron-LM's is int; a fraction lets a test bound a hang in seconds
-        default=10,
-        help="Timeout of each collective: a rank waiting longer on a hung one fails, and the job "
-        "with it (fractions accepted: " + _EXT.strip() + ").",
-    )
-    g.add_argument("--overlap-grad-reduce", action="store_true", default=False)
-    g.add_argument("--defer-embedding-wgrad-compute", action="store_true", default=False)
-    g.add_argument("--wgrad-deferral-limit", type=int, default=0)
-    g.add_argument("--no-align-grad-reduce", action="store_false", dest="align_grad_reduce")
-    g.add_argument("--ddp-num-buckets", type=int, default=None)
-    g.add_argument("--ddp-bucket-size", type=int, default=None)
-    g.add_argument("--ddp-pad-buckets-for-high-nccl-busbw", action="store_true", default=False)
-    g.add_argument("--ddp-average-in-collective", action="store_true", default=False)
-    g.add_argument("--overlap-param-gather", action="store_true", default=False)
-    g.add_argument("--no-align-param-gather", action="store_false", dest="align_param_gather")
-    g.add_argument(
-        "--no-scatter-gather-tensors-in-pipeline", action="store_false", dest="scatter_gather_tensors_in_pipeline"
-    )
-    g.add_argument("--local-rank", type=int, default=int(os.getenv("LOCAL_RANK", "0")))
-    g.add_argument("--use-distributed-optimizer", action="store_true")
-    g.add_argument("--num-distributed-optimizer-instances", type=int, default=1)
-    g.add_argument("--context-parallel-size", type=int, default=1)
-    g.add_argument("--cp-comm-type", nargs="+", type=str, default=["p2p"])
-    g.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, default=None)
-    g.add_argument("--use-tp-pp-dp-mapping", action="store_true", default=False)
-    g.add_argument("--expert-model-parallel-size", type=int, default=1)
-    g.add_argument("--num-experts", type=int, default=None)
-    g.add_argument(
-        "--transformer-impl",
-        default="local",
-        choices=["local", "transformer_engine"],
-        help="Transformer implementation; only local (the default here) is supported.",
-    )
-    g.add_argument("--cuda-graph-impl", type=str, default="none", choices=["none", "local", "transformer_engine"])
-
-
-def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
-    # Megatron-LM core_v0.16.1's tokenizer flags, shared with preprocessing (as upstream shares them)
-    from megatron_npu.data.tokenizers import add_tokenizer_args
-
-    add_tokenizer_args(p.add_argument_group(title="tokenizer"))
-
-
-def _add_misc_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(title="vision / experimental (GPT-relevant subset)")
-    g.add_argument(
-        "--yaml-cfg",
-        type=str,
-        default=None,
-        help="YAML file of argument values (keys: dests or flag names without dashes, flat or "
-        "in sections); explicit command-line flags win over it.",
-    )
 
 
 def _add_no_effect_args(p: argparse.ArgumentParser) -> None:
@@ -259,24 +91,32 @@ def _add_no_effect_args(p: argparse.ArgumentParser) -> None:
         g.add_argument(row.flag, dest=dest, **row.accepted.argparse_kwargs())
 
 
+#: The parser's groups in Megatron-LM's order: each generated from its section's fields.
+PARSER_GROUPS: tuple[tuple[type[Section], str], ...] = (
+    (ModelSection, "network size"),
+    (OptimizerSection, "optimizer"),
+    (ScheduleSection, "schedule"),
+    (TrainingSection, "training"),
+    (ReplacedFlags, "deprecated and shorthand flags"),
+    (InitSection, "initialization"),
+    (CheckpointSection, "checkpointing"),
+    (MixedPrecisionSection, "mixed precision"),
+    (DistributedSection, "distributed"),
+    (DataSection, "data and dataloader"),
+    (TokenizerSection, "tokenizer"),
+    (LoggingSection, "logging"),
+    (ProfilingSection, "profiling"),
+    (MiscSection, "experimental"),
+    (MoeSection, "moe"),
+    (FsdpSection, "fsdp"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """Megatron-LM's GPT argument parser (groups as in megatron/training/arguments.py)."""
+    """Megatron-LM's GPT argument parser: one group per section, then the flags accepted without effect."""
     p = _Parser(description="megatron-npu pretrain_gpt.py (Megatron-LM arguments)", allow_abbrev=False)
-    _add_network_size_args(p)
-    add_section_arguments(p, OptimizerSection, "optimizer")
-    add_section_arguments(p, ScheduleSection, "schedule")
-    _add_training_args(p)
-    _add_initialization_args(p)
-    add_section_arguments(p, CheckpointSection, "checkpointing")
-    _add_mixed_precision_args(p)
-    _add_distributed_args(p)
-    add_section_arguments(p, DataSection, "data and dataloader")
-    _add_tokenizer_args(p)
-    add_section_arguments(p, LoggingSection, "logging")
-    add_section_arguments(p, ProfilingSection, "profiling")
-    _add_misc_args(p)
-    add_moe_args(p)
-    add_fsdp_args(p)
+    for section, title in PARSER_GROUPS:
+        add_section_arguments(p, section, title)
     _add_no_effect_args(p)
     return p
 

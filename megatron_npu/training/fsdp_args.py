@@ -1,13 +1,11 @@
-"""Megatron-LM core_v0.16.1's FSDP flags (spellings, dests, defaults and choices of its
-``_add_distributed_args``) and its combination rules (``validate_args``), each a one-line
-ConfigError naming the flag, raised before any process group exists.
+"""Megatron-LM core_v0.16.1's FSDP combination rules (``validate_args``), each a one-line ConfigError
+naming the flag, raised before any process group exists (the flags are ``sections/fsdp.py``'s ``FsdpSection``).
 
 Two implementations, as in Megatron-LM: ``--use-megatron-fsdp`` (megatron-core's Megatron-FSDP,
 sharding by ``--data-parallel-sharding-strategy``; its checkpoints are ``--ckpt-format
 fsdp_dtensor``) and ``--use-torch-fsdp2`` (torch's ``fully_shard`` through megatron-core's
 TorchFullyShardedDataParallel; saved ``--ckpt-format torch_dist``, as Megatron-LM saves it). The FSDP
-flags this trainer cannot honour (HSDP, NCCL user buffers, double buffering) are refused by ``policy.py``'s rows. Pure
-Python: the migration tool imports the parser.
+flags this trainer cannot honour (HSDP, NCCL user buffers, double buffering) are refused by ``policy.py``'s rows.
 """
 
 from __future__ import annotations
@@ -15,35 +13,11 @@ from __future__ import annotations
 import argparse
 
 from ..policy import ConfigError
+from .sections.fsdp import SHARDING_STRATEGIES
 
-SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+__all__ = ["MEGATRON_FSDP_FORMAT", "SHARDING_STRATEGIES", "check_fsdp_args", "uses_fsdp"]
+
 MEGATRON_FSDP_FORMAT = "fsdp_dtensor"
-
-
-def add_fsdp_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(title="fsdp")
-    g.add_argument("--use-megatron-fsdp", action="store_true", help="Use the Megatron FSDP code path in DDP.")
-    g.add_argument(
-        "--data-parallel-sharding-strategy",
-        type=str,
-        default="no_shard",
-        choices=list(SHARDING_STRATEGIES),
-        help="Sharding strategy of data parallelism.",
-    )
-    g.add_argument(
-        "--no-gradient-reduce-div-fusion",
-        action="store_false",
-        dest="gradient_reduce_div_fusion",
-        help="If not set, fuse the division in gradient reduce.",
-    )
-    g.add_argument("--suggested-communication-unit-size", type=int, default=None)
-    g.add_argument("--use-torch-fsdp2", action="store_true", help="Use the torch FSDP2 implementation.")
-    g.add_argument(
-        "--torch-fsdp2-no-reshard-after-forward",
-        action="store_false",
-        dest="torch_fsdp2_reshard_after_forward",
-        help="Keep the gathered weights from forward to backward under FSDP2 (ZeRO-2).",
-    )
 
 
 def uses_fsdp(args: argparse.Namespace) -> bool:

@@ -17,9 +17,9 @@ from megatron.core import parallel_state
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.layout.parallel_dims import ParallelDims
 from megatron_npu.training.global_vars import print_rank_last
-from megatron_npu.training.reporting import MetricsWriter, ModelFlops, MoeLossTracking, iteration_line, moe_losses
+from megatron_npu.training.reporting import MetricsWriter, ModelFlops, iteration_line, moe_losses
 from megatron_npu.training.run_state import RunState
-from megatron_npu.training.sections import LoggingSection, ModelSection
+from megatron_npu.training.sections import LoggingSection, ModelSection, MoeSection
 from megatron_npu.training.step import StepResult, learning_rates
 from megatron_npu.training.timing import TimerLog
 
@@ -110,7 +110,7 @@ class TrainingMetrics:
         writer: MetricsWriter,
         flops: ModelFlops,
         params_dtype: torch.dtype,
-        moe: MoeLossTracking | None,
+        moe: MoeSection | None,
     ):
         self.logging, self.model, self.parallel = logging, model, parallel
         self.state, self.optimizer, self.train_iters = state, optimizer, train_iters

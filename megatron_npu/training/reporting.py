@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import IO, Any
 
-from megatron_npu.training.sections import LoggingSection, ModelSection
+from megatron_npu.training.sections import LoggingSection, ModelSection, MoeSection
 
 SEPARATOR = "-" * 100
 
@@ -49,20 +49,9 @@ class ModelFlops:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class MoeLossTracking:
-    """The MoE flags Megatron-LM's training_log reads to track the aux losses (no MoE section yet:
-    the composition root builds this from the flat settings)."""
-
-    load_balancing_type: str | list[str]
-    z_loss_coeff: float | None
-    per_layer_logging: bool
-    layer_freq: int | list[int]
-
-
-def moe_track_names(moe: MoeLossTracking) -> list[str]:
+def moe_track_names(moe: MoeSection) -> list[str]:
     """The MoE losses Megatron-LM's training_log tracks, by its names."""
-    balancing = moe.load_balancing_type
+    balancing = moe.moe_router_load_balancing_type
     # Megatron-LM tests `"aux_loss" in` the collapsed string, so seq_aux_loss alone also prints a
     # load_balancing_loss of 0; a list of the types tracks only those given.
     balancing = [balancing] if isinstance(balancing, str) else balancing
@@ -75,13 +64,13 @@ def moe_track_names(moe: MoeLossTracking) -> list[str]:
         )
         if kind in balancing
     ]
-    if moe.z_loss_coeff is not None:
+    if moe.moe_z_loss_coeff is not None:
         names.append("z_loss")
     return names
 
 
 def moe_losses(
-    moe: MoeLossTracking, model: ModelSection, num_microbatches: int, iteration: int, writer: Any
+    moe: MoeSection, model: ModelSection, num_microbatches: int, iteration: int, writer: Any
 ) -> dict[str, float]:
     """This iteration's MoE aux losses (each the mean over the MoE layers, scaled by 1 / micro-batches,
     as Megatron-LM's training_log), from megatron-core's tracker, which this clears; every rank calls
@@ -112,11 +101,12 @@ def moe_losses(
         iteration=iteration,
         writer=writer,
         total_loss_dict=totals,
-        per_layer_logging=moe.per_layer_logging,
+        per_layer_logging=moe.moe_per_layer_logging,
         force_initialize=True,
         track_names=names,
         num_layers=model.num_layers,
-        moe_layer_freq=moe.layer_freq,
+        # megatron-core tells a pattern from a frequency by isinstance(list): the section holds a tuple
+        moe_layer_freq=moe.moe_layer_freq if isinstance(moe.moe_layer_freq, int) else list(moe.moe_layer_freq),
         **with_mtp,
     )
     return {name: float(value) for name, value in totals.items()}

@@ -8,7 +8,10 @@ layout and the model's shape are typed members owning their rules: ``settings.pa
 (``ParallelDims``: degrees, micro-batches, interleaving) and ``settings.model_shape``
 (``ModelShape``); the flags themselves are typed, frozen sections (``sections/``) that components
 take instead of the namespace: ``settings.model``, ``.data``, ``.optim``, ``.schedule``, ``.checkpoint``,
-``.logging``, ``.profiling`` (``SECTION_TYPES``), built by validation from the validated values.
+``.logging``, ``.profiling``, ``.moe``, ``.precision``, ``.distributed``, ``.training``, ``.init``,
+``.tokenizer``, ``.misc``, ``.fsdp`` (``SECTION_TYPES``), built by validation from the validated values.
+Every flag is a field of one section, but ``sections.ReplacedFlags`` (validation removes them) and the
+flags accepted without effect (``policy.NO_EFFECT_ARGS``, one declared table: nothing reads them).
 """
 
 from __future__ import annotations
@@ -19,12 +22,20 @@ from typing import TYPE_CHECKING, Any
 from .sections import (
     CheckpointSection,
     DataSection,
+    DistributedSection,
+    FsdpSection,
+    InitSection,
     LoggingSection,
+    MiscSection,
+    MixedPrecisionSection,
     ModelSection,
+    MoeSection,
     OptimizerSection,
     ProfilingSection,
     ScheduleSection,
     Section,
+    TokenizerSection,
+    TrainingSection,
 )
 
 if TYPE_CHECKING:
@@ -48,6 +59,14 @@ class Settings(argparse.Namespace):
     checkpoint: CheckpointSection
     logging: LoggingSection
     profiling: ProfilingSection
+    moe: MoeSection
+    precision: MixedPrecisionSection
+    distributed: DistributedSection
+    training: TrainingSection
+    init: InitSection
+    tokenizer: TokenizerSection
+    misc: MiscSection
+    fsdp: FsdpSection
 
     def freeze(self) -> Settings:
         object.__setattr__(self, "_frozen", True)
@@ -93,6 +112,14 @@ SECTION_TYPES: dict[str, type[Section]] = {
     "checkpoint": CheckpointSection,
     "logging": LoggingSection,
     "profiling": ProfilingSection,
+    "moe": MoeSection,
+    "precision": MixedPrecisionSection,
+    "distributed": DistributedSection,
+    "training": TrainingSection,
+    "init": InitSection,
+    "tokenizer": TokenizerSection,
+    "misc": MiscSection,
+    "fsdp": FsdpSection,
 }
 SECTIONS = tuple(SECTION_TYPES)
 _NOT_FLAGS = frozenset({"_frozen", "parallel", "model_shape", *SECTIONS})

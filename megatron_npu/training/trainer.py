@@ -22,7 +22,7 @@ from megatron_npu.training.global_vars import print_rank_0
 from megatron_npu.training.memory_report import reported_step
 from megatron_npu.training.metrics import StepRecord, TrainingMetrics
 from megatron_npu.training.profiler import StepProfiler
-from megatron_npu.training.reporting import MetricsWriter, ModelFlops, MoeLossTracking
+from megatron_npu.training.reporting import MetricsWriter, ModelFlops
 from megatron_npu.training.run_state import RunState
 from megatron_npu.training.settings import Settings
 from megatron_npu.training.step import TrainStep
@@ -96,14 +96,7 @@ class Trainer:
     def training_metrics(self) -> TrainingMetrics:
         """The per-step records' builder and its sinks."""
         settings = self.args
-        moe = None
-        if settings.num_experts is not None:
-            moe = MoeLossTracking(
-                load_balancing_type=settings.moe_router_load_balancing_type,
-                z_loss_coeff=settings.moe_z_loss_coeff,
-                per_layer_logging=settings.moe_per_layer_logging,
-                layer_freq=settings.moe_layer_freq,
-            )
+        moe = settings.moe if settings.moe.num_experts is not None else None
         return TrainingMetrics(
             settings.logging,
             settings.model,

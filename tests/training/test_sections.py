@@ -203,3 +203,55 @@ def test_checkpointer_metrics_and_writer_are_built_from_their_sections_alone(tmp
         (1, 8, 2.0, 1e-3),
         (2, 16, 4.0, 1e-3),
     ]
+
+
+def test_every_flag_is_declared_once_a_section_field_or_a_no_effect_row():
+    """No hand-written argument: each dest of the parser is one section's field, or a row of the
+    policy's no-effect table; the settings hold every section but the replaced flags'."""
+    from megatron_npu.policy import NO_EFFECT_ARGS
+    from megatron_npu.training.arguments import PARSER_GROUPS
+    from megatron_npu.training.settings import SECTION_TYPES
+
+    owners: dict[str, list[str]] = {}
+    for section, _ in PARSER_GROUPS:
+        for field in flag_fields(section):
+            owners.setdefault(field.name, []).append(section.__name__)
+    assert {name: found for name, found in owners.items() if len(found) > 1} == {}
+    no_effect = {"no_effect_" + row.flag.lstrip("-").replace("-", "_") for row in NO_EFFECT_ARGS}
+    dests = {a.dest for a in build_parser()._actions if a.option_strings and a.dest != "help"}
+    assert dests == set(owners) | no_effect
+    assert set(SECTION_TYPES.values()) == {s for s, _ in PARSER_GROUPS} - {sections.ReplacedFlags}
+
+
+def test_the_moe_fsdp_and_distributed_sections_hold_the_validated_values():
+    moe = parse_args(
+        [*ARGV, "--num-experts", "4", "--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss"]
+        + ["--moe-aux-loss-coeff", "1e-2", "1e-3", "--moe-layer-freq", "[1,0]"],
+        world_size=1,
+    )
+    assert moe.moe.num_experts == 4 and moe.moe.moe_layer_freq == (1, 0)
+    assert moe.moe.moe_router_load_balancing_type == ("aux_loss", "seq_aux_loss")
+    assert moe.moe.moe_aux_loss_coeff == (1e-2, 1e-3)
+    dense = parse_args(ARGV, world_size=1)
+    assert dense.moe.moe_router_load_balancing_type == "aux_loss"  # Megatron-LM collapses a list of one
+    assert not dense.fsdp.enabled and dense.distributed.expert_tensor_parallel_size == 1  # expert TP = TP
+    assert dense.training.apply_rope_fusion is dense.apply_rope_fusion
+    rope = [build_parser().parse_known_args(flags)[0].apply_rope_fusion for flags in ([], ["--no-rope-fusion"])]
+    legacy = build_parser().parse_known_args(["--no-rope-fusion", "--apply-rope-fusion"])[0].apply_rope_fusion
+    assert (rope, legacy) == ([True, False], True)  # --apply-rope-fusion: the legacy spelling of the default
+    assert dense.tokenizer.tokenizer_type == "NullTokenizer" and dense.init.seed == 1234
+
+
+def test_preprocessing_takes_the_tokenizer_sections_flags():
+    """tools' preprocess parser (megatron_npu.data.tokenizers.add_tokenizer_args) and the trainer's tokenizer
+    section: the same flags, dests and defaults."""
+    from megatron_npu.data.tokenizers import add_tokenizer_args
+
+    preprocess = argparse.ArgumentParser()
+    add_tokenizer_args(preprocess)
+    theirs = {(tuple(a.option_strings), a.dest, repr(a.default)) for a in preprocess._actions if a.dest != "help"}
+    ours = set()
+    for field in flag_fields(sections.TokenizerSection):
+        flags, kwargs = argument_spec(sections.TokenizerSection, field)
+        ours.add((tuple(flags), field.name, repr(kwargs["default"])))
+    assert theirs == ours

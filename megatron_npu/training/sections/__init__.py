@@ -8,22 +8,39 @@ Megatron-LM's flat ``args.<dest>`` view; components take their own section, not 
 from .base import EXTENSION, Section, add_section_arguments, field_docs, flag_fields
 from .checkpoint import CheckpointSection
 from .data import DataSection
+from .distributed import DistributedSection
+from .fsdp import FsdpSection
+from .init import InitSection
 from .logs import LoggingSection
+from .misc import MiscSection
 from .model import ModelSection
+from .moe import MoeSection
 from .optimizer import OptimizerSection
+from .precision import MixedPrecisionSection
 from .profiling import ProfilingSection
 from .schedule import ScheduleSection
+from .tokenizer import TokenizerSection
+from .training import ReplacedFlags, TrainingSection
 
 __all__ = [
     "EXTENSION",
     "CheckpointSection",
     "DataSection",
+    "DistributedSection",
+    "FsdpSection",
+    "InitSection",
     "LoggingSection",
+    "MiscSection",
+    "MixedPrecisionSection",
     "ModelSection",
+    "MoeSection",
     "OptimizerSection",
     "ProfilingSection",
+    "ReplacedFlags",
     "ScheduleSection",
     "Section",
+    "TokenizerSection",
+    "TrainingSection",
     "add_section_arguments",
     "field_docs",
     "flag_fields",

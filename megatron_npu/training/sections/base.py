@@ -20,6 +20,7 @@ import ast
 import dataclasses
 import inspect
 import itertools
+import os
 import textwrap
 import types
 import typing
@@ -37,15 +38,27 @@ def spec(
     *flags: str,
     extension: bool = False,
     derived: bool = False,
+    opposite: tuple[str, str] | None = None,
+    env_default: str | None = None,
     **argparse_kwargs: Any,
 ) -> Any:
     """A field whose flag differs from what its name and type say.
 
     ``flags``: Megatron-LM's option strings when they are not ``--field-name``. ``extension``: the help
     says the flag is this project's. ``derived``: no flag of its own (validation computes the value,
-    or another argument sets it). ``argparse_kwargs`` replace what the annotation infers.
+    or another argument sets it). ``opposite``: ``(flag, help)`` of a second switch into the same
+    dest that sets the other boolean (a legacy spelling). ``env_default``: the environment variable
+    whose integer value, when set as the parser is built, is the default (``--local-rank``).
+    ``argparse_kwargs`` replace what the annotation infers.
     """
-    metadata = {"flags": flags, "extension": extension, "derived": derived, "argparse": argparse_kwargs}
+    metadata = {
+        "flags": flags,
+        "extension": extension,
+        "derived": derived,
+        "opposite": opposite,
+        "env_default": env_default,
+        "argparse": argparse_kwargs,
+    }
     if isinstance(default, (list, dict, set)):
         raise TypeError("a section's default must be immutable: use a tuple")
     return dataclasses.field(default=default, metadata=metadata)
@@ -105,7 +118,13 @@ def argument_spec(section: type[Section], field: dataclasses.Field) -> tuple[lis
         raise TypeError(f"{section.__name__}.{field.name} has no doc string")
     help_text = (EXTENSION if meta.get("extension") else "") + doc.replace("%", "%%")
     default = list(field.default) if isinstance(field.default, tuple) else field.default
+    if meta.get("env_default"):
+        default = int(os.getenv(meta["env_default"], str(default)))
     kwargs: dict[str, Any] = {"dest": field.name, "default": default, "help": help_text}
+    overrides = meta.get("argparse", {})
+    if "type" in overrides and "nargs" in overrides:
+        kwargs.update(overrides)  # an annotation argparse cannot read (a value or a list of them)
+        return flags, kwargs
     kind, nargs, choices = _argument_type(_type_hints(section)[field.name])
     if kind is bool:
         kwargs["action"] = "store_false" if field.default is True else "store_true"
@@ -115,7 +134,7 @@ def argument_spec(section: type[Section], field: dataclasses.Field) -> tuple[lis
             kwargs["nargs"] = nargs
         if choices is not None:
             kwargs["choices"] = list(choices)
-    kwargs.update(meta.get("argparse", {}))
+    kwargs.update(overrides)
     return flags, kwargs
 
 
@@ -146,3 +165,7 @@ def add_section_arguments(parser: argparse.ArgumentParser, section: type[Section
     for field in flag_fields(section):
         flags, kwargs = argument_spec(section, field)
         group.add_argument(*flags, **kwargs)
+        if field.metadata.get("opposite"):
+            flag, help_text = field.metadata["opposite"]
+            action = "store_true" if field.default is True else "store_false"
+            group.add_argument(flag, action=action, dest=field.name, help=help_text)
