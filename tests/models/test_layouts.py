@@ -1,0 +1,85 @@
+"""Layouts the model families are trained at besides test_families.py's, exact against one rank in pretrain_gpt.py.
+
+* ``--pipeline-model-parallel-layout``: the DeepSeek-V3-style model (MLA, MoE, MTP; test_families.py's flags) on
+  the scaled-down form of DeepSeek-V3's layout ``Et|(tt|)*30mL``, ``Et|(t|)*2mL``: PP2 with two virtual stages
+  per rank, the embedding and a decoder layer first, the MTP layer and the loss alone on the last virtual stage.
+  It trains 3 iterations and saves at 1; one rank resumes that save and trains 2 and 3 with the same lm, MTP and
+  aux losses (rel 1e-5): a layout-string save resumes exactly at another layout.
+* ``--context-parallel-size 2`` for the families whose attention this trainer's context-parallel attention runs
+  (LLaMA-3.x, Qwen3 with QK norm; one with the ring's p2p, one with the all-to-all): from a common one-rank
+  checkpoint, CP2's losses equal the one-rank run's (rel 1e-5). Multi-latent attention (separate q/k and v head
+  sizes; megatron-core 0.16.1 runs it under CP only on Transformer Engine's attention) and gpt-oss's sliding
+  windows and sinks are refused in one line before any process group.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pretrain_runs import MOCK_DATA, MODEL, checkpoint_at, metrics, pretrain
+from test_families import COMMON, FAMILIES, LOSS_NAMES
+
+from megatron_npu.policy import ConfigError
+from megatron_npu.training.arguments import parse_args
+
+DEEPSEEK = FAMILIES["deepseek_v3"][0]
+# DeepSeek-V3's Et|(tt|)*30mL scaled to its 3 layers: stages Et | t | t | mL over PP2 = two virtual stages a rank
+LAYOUT = ["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Et|(t|)*2mL"]
+# each family's CP2 run: the ring (p2p) and the all-to-all over the heads (a2a)
+CONTEXT_PARALLEL = {
+    "llama3": ["--context-parallel-size", "2", "--cp-comm-type", "p2p"],
+    "qwen3": ["--context-parallel-size", "2", "--cp-comm-type", "a2a"],
+}
+# what this trainer's context-parallel attention cannot run, and the flag its one-line refusal names
+CP_REFUSED = {"deepseek_v3": "--multi-latent-attention", "gpt_oss": "--window-size"}
+
+
+def _losses(run, after: int = 0) -> dict[int, dict[str, float]]:
+    """Each iteration's losses (metrics.jsonl names) after iteration ``after``."""
+    return {
+        m["iteration"]: {k: m[k] for k in LOSS_NAMES if k in m}
+        for m in metrics(run)
+        if "lm_loss" in m and m["iteration"] > after
+    }
+
+
+def _assert_equal(got: dict, expected: dict) -> None:
+    assert sorted(got) == [2, 3] and all(set(got[i]) == set(expected[i]) for i in got), (got, expected)
+    for i in got:
+        assert got[i] == pytest.approx(expected[i], rel=1e-5), (i, got[i], expected[i])
+
+
+@pytest.mark.launch
+def test_deepseek_v3_layout_string_save_resumes_exactly_on_one_rank(tmp_path):
+    layout = tmp_path / "layout"
+    job = pretrain(layout, *COMMON, *DEEPSEEK, *LAYOUT, "--save", str(layout / "ckpt"), "--save-interval", "1", nproc=2)
+    job.check()
+    assert "mtp_1 loss:" in job.stdout  # the MTP layer on the last virtual stage reports, as Megatron-LM prints it
+    assert json.loads((layout / "logs" / "args.json").read_text())["virtual_pipeline_model_parallel_size"] == 2
+    one = tmp_path / "one"
+    pretrain(one, *COMMON, *DEEPSEEK, "--load", str(checkpoint_at(layout / "ckpt", 1, one / "load"))).check()
+    expected = _losses(layout, after=1)
+    assert all("mtp_1 loss" in v and "seq_load_balancing_loss" in v for v in expected.values()), expected
+    _assert_equal(_losses(one), expected)
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("family", list(CONTEXT_PARALLEL))
+def test_family_trains_exactly_under_context_parallelism(family, tmp_path):
+    flags = FAMILIES[family][0]
+    one = tmp_path / "one"
+    pretrain(one, *COMMON, *flags, "--save", str(one / "ckpt"), "--save-interval", "1").check()
+    cp = tmp_path / "cp"
+    load = checkpoint_at(one / "ckpt", 1, cp / "load")
+    pretrain(cp, *COMMON, *flags, *CONTEXT_PARALLEL[family], "--load", str(load), nproc=2).check()
+    _assert_equal(_losses(cp), _losses(one, after=1))
+
+
+@pytest.mark.parametrize("family", list(CP_REFUSED))
+def test_context_parallelism_the_attention_cannot_run_is_one_line_before_start_up(family):
+    argv = [*MODEL, *MOCK_DATA, *COMMON, *FAMILIES[family][0], "--context-parallel-size", "2"]  # as the runs'
+    with pytest.raises(ConfigError) as info:
+        parse_args(argv, world_size=2, check_paths=False)
+    said = str(info.value)
+    assert "\n" not in said and CP_REFUSED[family] in said and "--context-parallel-size 1" in said, said
