@@ -130,6 +130,13 @@ class Accelerator(abc.ABC):
         return {}
 
     @property
+    def renames_cuda_device(self) -> bool:
+        """True when a tensor megatron-core moves with ``.cuda()`` / ``device='cuda'`` reports this target's own
+        device type, not ``'cuda'`` (npu: torch_npu's device; cpu: the host): code asserting
+        ``tensor.device.type == 'cuda'`` cannot hold here."""
+        return self.device_type != "cuda"
+
+    @property
     def collectives_bind_device(self) -> bool:
         """True when a process group binds a device (``device_id``); gloo on the host binds none."""
         return not self.runs_on_host

@@ -106,9 +106,21 @@ def _warn_once(message: str) -> None:
 # ----- import obstacles ---------------------------------------------------------------------
 
 
-def _batch_invariant_stand_in() -> types.ModuleType:
-    """``batch_invariant_kernels`` without triton: the mode's switches, refusing to turn it on."""
+#: The aten ops megatron-core's batch-invariant mode replaces with its triton kernels (enable_batch_invariant_mode).
+BATCH_INVARIANT_OPS = ("aten::mm", "aten::addmm", "aten::_log_softmax", "aten::mean.dim")
+BATCH_INVARIANT_REFUSAL = (
+    "batch-invariant mode: megatron-core's batch-invariant kernels ({op}) are triton (CUDA) kernels and triton is "
+    "not installed"
+)
+
+
+def _batch_invariant_stand_in(accelerator: Accelerator) -> types.ModuleType:
+    """``batch_invariant_kernels`` without triton: the mode's switches. Megatron-LM's start-up
+    (``enable_batch_invariant_mode`` for ``--batch-invariant-mode``) is refused in one line; inside
+    ``set_batch_invariant_mode(True)``, megatron-core's context manager, each op whose batch-invariant kernel is
+    missing raises when it runs, so code that reaches none (a test that skips first) runs as upstream."""
     module = types.ModuleType(BATCH_INVARIANT, "batch-invariant kernels stand-in (triton is not importable)")
+    state: dict[str, Any] = {"library": None}
 
     def enable_batch_invariant_mode() -> None:
         raise SystemExit(
@@ -118,14 +130,44 @@ def _batch_invariant_stand_in() -> types.ModuleType:
             )
         )
 
-    def set_batch_invariant_mode(enabled: bool = True) -> None:
-        if enabled:
-            enable_batch_invariant_mode()
+    def _refusing_kernel(op: str) -> Callable[..., Any]:
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(BATCH_INVARIANT_REFUSAL.format(op=op))
+
+        return kernel
+
+    def _enter() -> None:
+        # The same seam the real mode uses (torch.library on the target's dispatch key), with refusing kernels.
+        library = torch.library.Library("aten", "IMPL")
+        dispatch_key = torch._C._dispatch_key_for_device(accelerator.device_type)
+        for op in BATCH_INVARIANT_OPS:
+            library.impl(op, _refusing_kernel(op), dispatch_key)
+        state["library"] = library
+
+    def _leave() -> None:
+        if state["library"] is not None:
+            state["library"]._destroy()
+        state["library"] = None
+
+    @contextlib.contextmanager
+    def set_batch_invariant_mode(enabled: bool = True) -> Iterator[None]:
+        was_enabled = state["library"] is not None
+        if enabled and not was_enabled:
+            _enter()
+        elif not enabled and was_enabled:
+            _leave()
+        try:
+            yield
+        finally:
+            if enabled and not was_enabled:
+                _leave()
+            elif not enabled and was_enabled:
+                _enter()
 
     module.enable_batch_invariant_mode = enable_batch_invariant_mode  # type: ignore[attr-defined]
     module.set_batch_invariant_mode = set_batch_invariant_mode  # type: ignore[attr-defined]
-    module.disable_batch_invariant_mode = lambda: None  # type: ignore[attr-defined]
-    module.is_batch_invariant_mode_enabled = lambda: False  # type: ignore[attr-defined]
+    module.disable_batch_invariant_mode = _leave  # type: ignore[attr-defined]
+    module.is_batch_invariant_mode_enabled = lambda: state["library"] is not None  # type: ignore[attr-defined]
     module.__all__ = [  # type: ignore[attr-defined]
         "set_batch_invariant_mode",
         "is_batch_invariant_mode_enabled",
@@ -150,7 +192,7 @@ def _batch_invariant_kernels(original: Any, accelerator: Accelerator) -> types.M
         return sys.modules[BATCH_INVARIANT]
     if importlib.util.find_spec("triton") is not None:
         return importlib.import_module(BATCH_INVARIANT)  # the real kernels' module imports
-    module = _batch_invariant_stand_in()
+    module = _batch_invariant_stand_in(accelerator)
     sys.modules[BATCH_INVARIANT] = module  # `from ...batch_invariant_kernels import x` reads sys.modules
     return module
 

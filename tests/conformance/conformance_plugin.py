@@ -14,6 +14,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -81,14 +82,30 @@ def _quiet_torch_debug_logging() -> None:
     logging.getLogger("torch").setLevel(logging.WARNING)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+#: The markers the runner's ``-m`` expression deselects (run.py's DESELECTED_MARKERS), so that each deselected test
+#: is counted under its marker.
+DESELECTING_MARKERS = tuple(filter(None, os.environ.get("CONFORMANCE_DESELECTED_MARKERS", "").split(",")))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Any:
+    """Rank 0 records what was collected and what ``-m`` deselected, by marker (the accounting's first terms);
+    then the tests an earlier attempt finished are left out (a restarted job runs the rest)."""
+    collected = [item.nodeid for item in items]
+    by_marker = {}
+    for item in items:
+        marker = next((name for name in DESELECTING_MARKERS if item.get_closest_marker(name)), None)
+        if marker is not None:
+            by_marker[item.nodeid] = marker
+    yield
+    if _RANK == "0":
+        _record({"nodeid": "", "event": "collection", "collected": collected, "deselected": by_marker})
     listed = os.environ.get(DESELECT_ENV)
     if not listed:
         return
     done = set(Path(listed).read_text().splitlines())
-    kept = [item for item in items if item.nodeid not in done]
     config.hook.pytest_deselected(items=[item for item in items if item.nodeid in done])
-    items[:] = kept
+    items[:] = [item for item in items if item.nodeid not in done]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -102,7 +119,33 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     if report.failed:
-        _record({"nodeid": report.nodeid, "event": "collect_error", "message": _message(report)})
+        exception, first_line = _collect_exception(str(report.longrepr))
+        payload = {"nodeid": report.nodeid, "event": "collect_error", "message": _message(report)}
+        _record({**payload, "exception": exception, "first_line": first_line, "hidden": _hidden_tests(report)})
+    elif report.skipped and isinstance(report.longrepr, tuple):  # a module-level skip (importorskip)
+        _record({"nodeid": report.nodeid, "event": "module_skip", "message": report.longrepr[2]})
+
+
+# pytest's collection error text: the exception's line is the last 'E   Type: message' line.
+_COLLECT_EXCEPTION = re.compile(r"^E\s+([A-Za-z_][\w.]*(?:Error|Exception|Exit|Warning|Interrupt)):?\s?(.*)$", re.M)
+
+
+def _collect_exception(text: str) -> tuple[str, str]:
+    """Exception type and first message line of a collection error (pytest keeps only its text)."""
+    found = _COLLECT_EXCEPTION.findall(text)
+    if not found:
+        return "", text.strip().splitlines()[-1] if text.strip() else ""
+    name, line = found[-1]
+    return name.rsplit(".", 1)[-1], line.strip()
+
+
+def _hidden_tests(report: pytest.CollectReport) -> int | None:
+    """How many tests a file that failed to import would have held: its ``def test_`` functions, each
+    parametrize counted once (a lower bound; None when the file cannot be read)."""
+    path = Path(str(report.fspath)) if getattr(report, "fspath", None) else None
+    if path is None or not path.is_file():
+        return None
+    return len(re.findall(r"^\s*def test_\w*\(", path.read_text(errors="replace"), re.M))
 
 
 def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
@@ -116,11 +159,31 @@ def _message(report: Any) -> str:
     return str(getattr(report, "longrepr", ""))[-2000:]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Upstream runs its suite twice: ``-m "not experimental ..."``, then ``--experimental -m "experimental ..."``
+    (tests/unit_tests/run_ci_test.sh). One session here: the conftest's autouse ``experimental`` fixture reads the
+    option, so an experimental test sees it set and every other test unset, as in upstream's two runs."""
+    item.config.option.experimental = item.get_closest_marker("experimental") is not None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """The failure's exception type and its message's first line, kept on the report: the expected list
+    matches them (pytest's report keeps only the formatted text)."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is not None and report.failed:
+        lines = str(call.excinfo.value).strip().splitlines()
+        report.conformance_exception = (call.excinfo.typename, lines[0].strip() if lines else "")
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     payload: dict[str, Any] = {"nodeid": report.nodeid, "event": report.when, "outcome": report.outcome}
     payload["duration"] = round(report.duration, 3)
     if report.failed:
         payload["message"] = _message(report)
+        payload["exception"], payload["first_line"] = getattr(report, "conformance_exception", ("", ""))
         payload["detail"] = str(report.longrepr)[-6000:]
     elif report.skipped:
         payload["xfail"] = hasattr(report, "wasxfail")

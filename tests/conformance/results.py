@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +34,47 @@ class TestResult:
     message: str = ""
     detail: str = ""
     duration: float = 0.0
+    #: The failure's exception type (``AssertionError``) and its message's first line: what an expected entry matches.
+    exception: str = ""
+    first_line: str = ""
+    #: A collection error's file: the tests it hides (its ``def test_`` functions; None when not knowable).
+    hidden: int | None = None
 
     @property
     def folder_file(self) -> str:
         return self.nodeid.split("::", 1)[0]
+
+
+@dataclass
+class Collection:
+    """What a folder's sessions collected: every test id, the ones ``-m`` deselected (id -> marker), and the
+    modules skipped at import (file -> pytest's reason)."""
+
+    collected: list[str] = field(default_factory=list)
+    deselected: dict[str, str] = field(default_factory=dict)
+    module_skips: dict[str, str] = field(default_factory=dict)
+
+
+def collection_of(records: Iterable[dict]) -> Collection:
+    """The first session's collection (later attempts collect the same tests) and every module-level skip."""
+    collection = Collection()
+    for record in records:
+        if record["event"] == "collection" and not collection.collected:
+            collection.collected = list(record["collected"])
+            collection.deselected = dict(record["deselected"])
+        elif record["event"] == "module_skip":
+            collection.module_skips[record["nodeid"]] = record["message"]
+    return collection
+
+
+# importorskip's reason: "could not import 'nvidia_resiliency_ext': No module named ..."
+_NEEDED_PACKAGE = re.compile(r"could not import '([\w.]+)'")
+
+
+def needed_package(reason: str) -> str:
+    """The package a module-level skip waits for (its importorskip name), else the reason itself."""
+    found = _NEEDED_PACKAGE.search(reason)
+    return found.group(1) if found else reason
 
 
 @dataclass
@@ -45,12 +83,67 @@ class FolderReport:
     results: dict[str, TestResult] = field(default_factory=dict)
     seconds: float = 0.0
     attempts: int = 0
+    collection: Collection = field(default_factory=Collection)
 
     def count(self, *outcomes: str) -> int:
-        return sum(1 for result in self.results.values() if result.outcome in outcomes)
+        return sum(1 for result in self.tests() if result.outcome in outcomes)
+
+    def tests(self) -> list[TestResult]:
+        """The results of collected tests (a file that failed to import is a collection error, not a test)."""
+        return [result for result in self.results.values() if result.hidden is None and "::" in result.nodeid]
+
+    def collection_errors(self) -> list[TestResult]:
+        return [result for result in self.results.values() if result not in self.tests()]
 
     def device_skips(self) -> int:
-        return sum(1 for r in self.results.values() if r.outcome == "skipped" and DEVICE_SKIP.search(r.message))
+        return sum(1 for r in self.tests() if r.outcome == "skipped" and DEVICE_SKIP.search(r.message))
+
+    def skip_reasons(self) -> Counter[str]:
+        return Counter(_skip_reason(r.message) for r in self.tests() if r.outcome in ("skipped", "xfailed"))
+
+    def not_run(self) -> list[str]:
+        """Collected, neither deselected nor recorded: left after the last restart (must be none)."""
+        recorded = set(self.results) | set(self.collection.deselected)
+        return [nodeid for nodeid in self.collection.collected if nodeid not in recorded]
+
+    def accounting(self) -> str:
+        """collected = passed + failed + errors + hangs + skipped (by reason) + deselected (by marker) + not run,
+        then what collection could not count: files that failed to import and modules skipped at import."""
+        c = self.collection
+        skipped = self.skip_reasons()
+        markers = Counter(c.deselected.values())
+        hidden = [r for r in self.collection_errors()]
+        hidden_tests = sum(r.hidden or 0 for r in hidden)
+        line = (
+            f"{self.folder}: collected {len(c.collected)} = passed {self.count('passed', 'xpassed')}"
+            f" + failed {self.count('failed')} + errors {self.count('error')} + hangs/crashes "
+            f"{self.count('hang', 'crash')} + skipped {sum(skipped.values())}"
+            + (f" ({'; '.join(f'{reason}: {n}' for reason, n in skipped.most_common())})" if skipped else "")
+            + f" + deselected {sum(markers.values())}"
+            + (f" ({', '.join(f'{marker}: {n}' for marker, n in sorted(markers.items()))})" if markers else "")
+            + f" + not run {len(self.not_run())}"
+        )
+        if hidden:
+            line += (
+                f"; {len(hidden)} files failed to import, hiding {hidden_tests} test functions (before parametrize): "
+                + ", ".join(f"{r.nodeid.rsplit('/', 1)[-1]} ({r.exception}: {r.first_line})" for r in hidden)
+            )
+        if c.module_skips:
+            line += "; skipped at import: " + ", ".join(
+                f"{path.rsplit('/', 1)[-1]} (needs {needed_package(reason)})" for path, reason in c.module_skips.items()
+            )
+        return line
+
+    def balanced(self) -> bool:
+        """Every collected test accounted for by exactly one term."""
+        terms = len(self.tests()) + len(self.collection.deselected) + len(self.not_run())
+        return terms == len(self.collection.collected)
+
+
+def _skip_reason(message: str) -> str:
+    """A skip's reason without pytest's prefix, on one line, short enough for the accounting line."""
+    text = " ".join(message.split()).removeprefix("Skipped: ")
+    return text if len(text) <= 90 else text[:89] + "…"
 
 
 def _rank_outcome(events: dict[str, dict]) -> tuple[str, dict]:
@@ -84,17 +177,32 @@ def read_records(directory: Path) -> list[dict]:
     return records
 
 
+#: Records about a session, not a test (what was collected, a module skipped at import).
+SESSION_EVENTS = ("collection", "module_skip")
+
+
 def merge(records: Iterable[dict]) -> dict[str, TestResult]:
     """One result per test: the worst outcome over the ranks, with that rank's message."""
     by_test: dict[str, dict[int, dict[str, dict]]] = {}
     for record in records:
+        if record["event"] in SESSION_EVENTS:
+            continue
         by_test.setdefault(record["nodeid"], {}).setdefault(record["rank"], {})[record["event"]] = record
     merged = {}
     for nodeid, ranks in by_test.items():
         outcomes = [_rank_outcome(events) for events in ranks.values()]
         outcome, record = min(outcomes, key=lambda item: SEVERITY.index(item[0]))
         duration = max(float(events.get("call", {}).get("duration", 0.0)) for events in ranks.values())
-        merged[nodeid] = TestResult(nodeid, outcome, record.get("message", ""), record.get("detail", ""), duration)
+        merged[nodeid] = TestResult(
+            nodeid,
+            outcome,
+            record.get("message", ""),
+            record.get("detail", ""),
+            duration,
+            record.get("exception", ""),
+            record.get("first_line", ""),
+            record.get("hidden"),
+        )
     return merged
 
 
@@ -130,22 +238,30 @@ class Verdict:
     expected: list[tuple[TestResult, ExpectedFailure]] = field(default_factory=list)
     unexpected: list[TestResult] = field(default_factory=list)
     now_passing: list[tuple[TestResult, ExpectedFailure]] = field(default_factory=list)
+    #: Listed tests that failed another way than their entry states (counted among the unexpected too).
+    failed_otherwise: list[tuple[TestResult, ExpectedFailure]] = field(default_factory=list)
+    #: Collected tests without a result (left after the last restart), per folder.
+    not_run: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
-        return not self.unexpected and not self.now_passing
+        return not self.unexpected and not self.now_passing and not self.not_run
 
 
 def judge(reports: Iterable[FolderReport], capabilities: set[str] = frozenset()) -> Verdict:
     verdict = Verdict()
     for report in reports:
+        if missing := report.not_run():
+            verdict.not_run[report.folder] = missing
         for result in report.results.values():
             entry = expected_entry(result.nodeid, capabilities=capabilities)
             if result.outcome in FAILING:
-                if entry is not None and result.outcome in ("failed", "error"):
+                if entry is not None and result.outcome in ("failed", "error") and entry.matches(result):
                     verdict.expected.append((result, entry))
                 else:
                     verdict.unexpected.append(result)
+                    if entry is not None:
+                        verdict.failed_otherwise.append((result, entry))
             elif entry is not None and result.outcome == "passed":
                 verdict.now_passing.append((result, entry))
     return verdict
@@ -158,29 +274,42 @@ def _cell(text: str, limit: int = 160) -> str:
 
 def table(reports: list[FolderReport], verdict: Verdict) -> str:
     lines = [
-        "| folder | passed | failed | errors | hangs/crashes | skipped | of which not run (CUDA) "
-        "| expected failures | time (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| folder | collected | passed | failed | errors | hangs/crashes | skipped | of which not run (CUDA) "
+        "| deselected | not run | expected failures | time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     expected_ids = {result.nodeid for result, _ in verdict.expected}
     for report in reports:
         expected = sum(1 for nodeid in report.results if nodeid in expected_ids)
         lines.append(
-            f"| {report.folder} | {report.count('passed', 'xpassed')} | {report.count('failed')} "
-            f"| {report.count('error')} | {report.count('hang', 'crash')} | {report.count('skipped', 'xfailed')} "
-            f"| {report.device_skips()} | {expected} | {report.seconds:.0f} |"
+            f"| {report.folder} | {len(report.collection.collected)} | {report.count('passed', 'xpassed')} "
+            f"| {report.count('failed')} | {report.count('error')} | {report.count('hang', 'crash')} "
+            f"| {report.count('skipped', 'xfailed')} | {report.device_skips()} | {len(report.collection.deselected)} "
+            f"| {len(report.not_run())} | {expected} | {report.seconds:.0f} |"
         )
+    lines += ["", "Accounting:", ""] + [f"- {report.accounting()}" for report in reports]
+    for folder, missing in verdict.not_run.items():
+        lines += ["", f"Not run in {folder} ({len(missing)}, no result after the last restart):", ""]
+        lines += [f"- {nodeid}" for nodeid in missing]
     lines += ["", f"Unexpected failures ({len(verdict.unexpected)}): cause suggested by the message", ""]
-    lines += ["| test | outcome | suggested cause | message |", "|---|---|---|---|"]
+    lines += ["| test | outcome | suggested cause | exception: first line |", "|---|---|---|---|"]
+    otherwise = {result.nodeid: entry for result, entry in verdict.failed_otherwise}
     for result in verdict.unexpected:
         cause = CAUSES[hint(result)] if hint(result) in CAUSES else hint(result)
-        lines.append(f"| {result.nodeid} | {result.outcome} | {cause} | {_cell(result.message)} |")
+        if result.nodeid in otherwise:
+            entry = otherwise[result.nodeid]
+            cause = f"listed as {entry.exception}: /{entry.message}/, failed otherwise"
+        lines.append(f"| {result.nodeid} | {result.outcome} | {cause} | {_cell(_failure(result))} |")
     lines += ["", f"Expected failures ({len(verdict.expected)})", ""]
-    lines += ["| test | cause | reason | message |", "|---|---|---|---|"]
+    lines += ["| test | cause | reason | exception: first line |", "|---|---|---|---|"]
     for result, entry in verdict.expected:
         cause = CAUSES[entry.cause] + (f" (target: {entry.capability})" if entry.capability else "")
-        lines.append(f"| {result.nodeid} | {cause} | {entry.reason} | {_cell(result.message, 100)} |")
+        lines.append(f"| {result.nodeid} | {cause} | {entry.reason} | {_cell(_failure(result), 100)} |")
     if verdict.now_passing:
         lines += ["", "Listed as expected failures but passing now (remove them from expected.py):", ""]
         lines += [f"- {result.nodeid} ({entry.pattern})" for result, entry in verdict.now_passing]
     return "\n".join(lines) + "\n"
+
+
+def _failure(result: TestResult) -> str:
+    return f"{result.exception}: {result.first_line}" if result.exception else result.message

@@ -3,8 +3,8 @@
     python -m tests.conformance.run [FOLDER ...] [--nproc 8] [--timeout 300] [--out DIR]
 
 Each FOLDER (relative to ``tests/unit_tests``, a file works too) runs as upstream runs it:
-``torchrun --nproc_per_node 8 -m pytest -m "not experimental and not flaky and not
-flaky_in_dev"`` from the suite's root, with ``-p conformance_plugin`` (the patch layer in every
+``torchrun --nproc_per_node 8 -m pytest -m "not flaky"`` from the suite's root (upstream's CPU-less "lts"
+markers; experimental tests with ``--experimental``, as upstream's second pass), with ``-p conformance_plugin`` (the patch layer in every
 rank, per-rank records, the per-test timeout). A job that dies on a hung or crashed test is
 started again after that test, so one hang costs one test, not the folder. Exit status 0 when
 every failure is an expected one and no expected failure passes.
@@ -24,11 +24,24 @@ import time
 from pathlib import Path
 
 from .environment import missing_line, missing_test_packages
-from .results import FolderReport, TestResult, judge, merge, read_records, table, target_capabilities
-from .suite import WORKDIR, unpack
+from .results import (
+    FolderReport,
+    TestResult,
+    collection_of,
+    judge,
+    merge,
+    read_records,
+    table,
+    target_capabilities,
+)
+from .suite import REPO, WORKDIR, unpack
 
 PLUGIN_DIR = Path(__file__).resolve().parent
-MARKERS = "not experimental and not flaky and not flaky_in_dev"
+#: Upstream's CPU-less ("lts") environment deselects ``flaky`` only (tests/unit_tests/run_ci_test.sh); ``flaky_in_dev``
+#: is its dev environment's, and ``experimental`` tests run in its second pass with ``--experimental`` (the plugin
+#: sets that option for exactly those tests). Each deselected test is counted under its marker.
+DESELECTED_MARKERS = ("flaky",)
+MARKERS = " and ".join(f"not {marker}" for marker in DESELECTED_MARKERS)
 DEFAULT_FOLDERS = (
     "tensor_parallel",
     "pipeline_parallel",
@@ -60,9 +73,12 @@ def _environment(out: Path, timeout: float, deselect: Path) -> dict[str, str]:
         CONFORMANCE_OUT=str(out),
         CONFORMANCE_TEST_TIMEOUT=str(timeout),
         CONFORMANCE_DESELECT=str(deselect),
+        CONFORMANCE_DESELECTED_MARKERS=",".join(DESELECTED_MARKERS),
         TMPDIR=str(tmp),
         OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGIN_DIR), env.get("PYTHONPATH", "")])),
+        # The ranks run from the suite's root: the patch layer under test is this checkout's (an editable install
+        # may point at another copy, or at none).
+        PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGIN_DIR), str(REPO), env.get("PYTHONPATH", "")])),
     )
     return env
 
@@ -148,6 +164,8 @@ def run_folder(root: Path, folder: str, args: argparse.Namespace) -> FolderRepor
         done |= set(merge(new))
     report.seconds = earlier_seconds + time.monotonic() - start
     report.results.update(merge(records))
+    report.collection = collection_of(records)
+    print(f"  {report.accounting()} ({report.seconds:.0f} s)", flush=True)
     return report
 
 
@@ -155,7 +173,9 @@ def recorded_folder(folder: str, out: Path) -> FolderReport:
     """A folder's report from the records of an earlier run (its time is not kept)."""
     attempts = sorted((out / folder.replace("/", "__")).glob("attempt*"))
     report = FolderReport(folder, attempts=len(attempts))
-    report.results = merge(record for attempt in attempts for record in read_records(attempt))
+    records = [record for attempt in attempts for record in read_records(attempt)]
+    report.results = merge(records)
+    report.collection = collection_of(records)
     return report
 
 
@@ -186,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         reports.append(run_folder(unpack(), folder, args))
     verdict = judge(reports, target_capabilities())
     text = table(reports, verdict)
+    text += f"\nWhole run: {sum(r.seconds for r in reports):.0f} s over {len(reports)} folders\n"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text(text)
     (args.out / "results.json").write_text(

@@ -16,7 +16,7 @@ import pytest
 
 from .environment import TEST_PACKAGES, missing_line, missing_test_packages
 from .expected import EXPECTED_FAILURES, TARGET_LIMITS, ExpectedFailure
-from .results import FolderReport, judge, merge
+from .results import FolderReport, collection_of, judge, merge, table
 from .suite import CONFTEST, CONFTEST_EDITS, REPO, TARBALL, edit_conftest
 
 CI_FOLDERS = ("tensor_parallel", "pipeline_parallel/test_schedules.py")
@@ -58,10 +58,70 @@ def test_only_transformer_engine_or_cuda_only_causes_may_be_expected_and_target_
     assert {entry.cause for entry in EXPECTED_FAILURES} <= {"te", "cuda_only"}
     assert all(entry.capability for entry in TARGET_LIMITS)
     with pytest.raises(ValueError, match="only"):
-        ExpectedFailure("t", "patch", "a patch-layer defect is fixed, not listed")
+        ExpectedFailure("t", "patch", "a patch-layer defect is fixed, not listed", "KeyError", "step")
+    with pytest.raises(ValueError, match="names its exception"):
+        ExpectedFailure("t", "te", "a failure is named by its exception and message", "", "")
     from megatron_npu.accelerator.cpu import CpuAccelerator
 
     assert all(CpuAccelerator().capability(entry.capability) for entry in TARGET_LIMITS)
+
+
+def _failure(rank: int, nodeid: str, exception: str, first_line: str) -> list[dict]:
+    records = _records(rank, nodeid, ("start", ""), ("setup", "passed"))
+    records.append(
+        {"rank": rank, "nodeid": nodeid, "event": "call", "outcome": "failed"}
+        | {"exception": exception, "first_line": first_line}
+    )
+    return records + _records(rank, nodeid, ("teardown", "passed"))
+
+
+def test_a_listed_test_is_expected_only_when_it_fails_the_way_its_entry_states():
+    entry = next(e for e in EXPECTED_FAILURES if "TestAllReduceLNGrads" in e.pattern)
+    nodeid = entry.pattern.replace("*", "test_allreduce_layernorm_grads[True-2]")
+    as_listed = _failure(0, nodeid, "NameError", "name 'TESpecProvider' is not defined")
+    verdict = judge([FolderReport("f", merge(as_listed))])
+    assert [r.nodeid for r, _ in verdict.expected] == [nodeid] and verdict.clean
+    for exception, line in (("KeyError", "'step'"), ("NameError", "name 'local_spec' is not defined")):
+        verdict = judge([FolderReport("f", merge(_failure(0, nodeid, exception, line)))])
+        assert [r.nodeid for r in verdict.unexpected] == [nodeid] and not verdict.expected
+        assert [r.nodeid for r, _ in verdict.failed_otherwise] == [nodeid]
+        assert "failed otherwise" in table([FolderReport("f", merge(_failure(0, nodeid, exception, line)))], verdict)
+
+
+def test_every_collected_test_is_accounted_for_and_a_test_left_unrun_fails_the_verdict():
+    ok = (("start", ""), ("setup", "passed"), ("call", "passed"), ("teardown", "passed"))
+    collection = {"rank": 0, "nodeid": "", "event": "collection", "collected": ["a::p", "a::s", "a::f", "a::d"]}
+    collection["deselected"] = {"a::d": "flaky"}
+    records = [collection, *_records(0, "a::p", *ok), *_failure(0, "a::f", "ValueError", "bad")]
+    skip = {"rank": 0, "nodeid": "a::s", "event": "setup", "outcome": "skipped", "message": "Skipped: needs TE"}
+    records += _records(0, "a::s", ("start", "")) + [skip]
+    records.append({"rank": 0, "nodeid": "m.py", "event": "module_skip", "message": "could not import 'modelopt': x"})
+    hidden = {"rank": 0, "nodeid": "b.py", "event": "collect_error", "exception": "ModuleNotFoundError"}
+    records.append(hidden | {"first_line": "No module named 'transformer_engine'", "hidden": 3})
+    report = FolderReport("f", merge(records), collection=collection_of(records))
+    assert report.balanced() and report.not_run() == []
+    line = report.accounting()
+    assert line.startswith("f: collected 4 = passed 1 + failed 1 + errors 0 + hangs/crashes 0 + skipped 1")
+    assert "(needs TE: 1)" in line and "deselected 1 (flaky: 1)" in line and "not run 0" in line
+    assert "1 files failed to import, hiding 3 test functions" in line and "m.py (needs modelopt)" in line
+    unrun = [record for record in records if record.get("nodeid") != "a::p"]  # the restarts ran out before a::p
+    report = FolderReport("f", merge(unrun), collection=collection_of(unrun))
+    verdict = judge([report])
+    assert report.not_run() == ["a::p"] and verdict.not_run == {"f": ["a::p"]} and not verdict.clean
+    assert "not run 1" in report.accounting()
+
+
+def test_device_name_limits_apply_wherever_cuda_tensors_report_another_device_type():
+    """On npu a tensor moved with .cuda() reports 'npu': `device.type == 'cuda'` fails there as on the host, so
+    these entries hang on a capability npu has too (runs_on_host, which npu lacks, made them must-pass there)."""
+    from megatron_npu.accelerator.cpu import CpuAccelerator
+    from megatron_npu.accelerator.npu import NpuAccelerator
+
+    npu = object.__new__(NpuAccelerator)  # its capabilities, without torch_npu
+    device_name = [entry for entry in TARGET_LIMITS if "== 'cuda'" in entry.message]
+    assert len(device_name) == 6
+    for entry in device_name:
+        assert npu.capability(entry.capability) and CpuAccelerator().capability(entry.capability)
 
 
 def test_the_conftest_edits_apply_to_the_suites_conftest(tmp_path):
@@ -158,3 +218,64 @@ def test_a_spawned_child_of_a_conformance_rank_runs_on_the_patch_layer(tmp_path)
     assert job.returncode == 0, job.stderr[-3000:]
     patched, devices = job.stdout.split("CHILD")[-1].split()
     assert patched == "True" and int(devices) >= 1  # CUDA's count on CPU torch is 0
+
+
+_PLUGIN_TESTS = {
+    "test_kinds.py": """
+import pytest
+
+def test_fails():
+    raise ValueError("the first line\\nand a second")
+
+@pytest.mark.flaky
+def test_deselected():
+    pass
+
+@pytest.mark.experimental
+def test_experimental_sees_the_option(request):
+    assert request.config.option.experimental is True
+
+def test_others_do_not(request):
+    assert request.config.option.experimental is False
+
+@pytest.mark.skip(reason="needs TE")
+def test_skipped():
+    pass
+""",
+    "test_needs_a_package.py": "import pytest\npytest.importorskip('no_such_package_for_conformance')\n",
+    "test_broken.py": "import no_such_module_for_conformance\n\ndef test_a():\n    pass\n\ndef test_b():\n    pass\n",
+}
+
+
+@pytest.mark.launch
+def test_the_plugin_records_failures_collection_deselection_and_module_skips(tmp_path):
+    """One pytest session under the plugin, as a rank runs it (the patch layer imported, 5-10 s): a failure keeps
+    its exception type and first line, rank 0 records what was collected and deselected by marker, a module skip
+    names its package, a file that fails to import counts its tests, experimental tests see --experimental."""
+    from .results import read_records
+    from .run import MARKERS, _environment
+
+    suite, out = tmp_path / "suite", tmp_path / "out"
+    suite.mkdir(), out.mkdir()
+    for name, text in _PLUGIN_TESTS.items():
+        (suite / name).write_text(text)
+    (out / "deselect.txt").write_text("")
+    command = [sys.executable, "-m", "pytest", "-p", "conformance_plugin", "-p", "no:cacheprovider", "-q"]
+    command += ["-m", MARKERS, "--continue-on-collection-errors", "-W", "ignore::pytest.PytestUnknownMarkWarning"]
+    env = _environment(out, 300, out / "deselect.txt") | {"RANK": "0"}
+    job = subprocess.run([*command, str(suite)], cwd=suite, env=env, capture_output=True, text=True, timeout=600)
+    records = read_records(out)
+    report = FolderReport("suite", merge(records), collection=collection_of(records))
+    outcomes = {nodeid.rsplit("::", 1)[-1]: result for nodeid, result in report.results.items()}
+    assert outcomes["test_fails"].exception == "ValueError", job.stdout[-3000:]
+    assert outcomes["test_fails"].first_line == "the first line"
+    assert outcomes["test_experimental_sees_the_option"].outcome == "passed"
+    assert outcomes["test_others_do_not"].outcome == "passed"
+    broken = outcomes["test_broken.py"]
+    assert (broken.exception, broken.hidden) == ("ModuleNotFoundError", 2)
+    assert broken.first_line == "No module named 'no_such_module_for_conformance'"
+    assert report.balanced() and len(report.collection.collected) == 5
+    line = report.accounting()
+    assert "collected 5 = passed 2 + failed 1" in line and "skipped 1 (needs TE: 1)" in line
+    assert "deselected 1 (flaky: 1)" in line and "not run 0" in line
+    assert "test_needs_a_package.py (needs no_such_package_for_conformance)" in line
