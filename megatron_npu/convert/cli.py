@@ -117,6 +117,7 @@ def _to_megatron(ns: argparse.Namespace) -> int:
     reader = HFReader(ns.hf_dir)  # a missing shard is refused before megatron-core starts
     if reader.has(f"model.layers.{spec.num_layers}.eh_proj.weight"):  # DeepSeek-V3's MTP layer(s)
         spec = model_spec(cfg, tp=ns.tp, pp=ns.pp, vpp=ns.vpp, ep=ns.ep, tokenizer_vocab=vocab, with_mtp=True)
+        check_shared_copies(spec, reader, ns.hf_dir)
     from megatron_npu.convert.megatron_io import cut_vocab_rows, hf_to_megatron
 
     print(f"converting {ns.hf_dir} ({cfg['model_type']}, {spec.num_layers} layers) to {ns.save_dir}", flush=True)
@@ -151,6 +152,24 @@ def _to_megatron(ns: argparse.Namespace) -> int:
     )
     print("    " + suggested_command(spec, ns.save_dir, ns.tp, ns.pp, ns.vpp, seq_length, ns.ep))
     return 0
+
+
+def check_shared_copies(spec: ModelSpec, reader: HFReader, hf_dir: str) -> None:
+    """DeepSeek-V3's MTP layers hold their own ``embed_tokens`` and ``shared_head.head``; megatron-core's MTP
+    block uses the main model's embedding and output layer, so the import keeps only those: a copy that differs
+    would be dropped, and the model trained would not be the checkpoint's."""
+    from megatron_npu.convert.mapping import VOCAB_TENSORS, rules
+
+    for rule in rules(spec):
+        if rule.megatron in VOCAB_TENSORS:
+            main, *copies = rule.hf
+            for copy in copies:
+                if not reader.same(copy, main):
+                    raise ConvertError(
+                        f"{hf_dir}: {copy} differs from {main}: megatron-core's MTP layer shares the main model's "
+                        "embedding and output layer, so this checkpoint cannot be trained as it is (give its MTP "
+                        "layer the main model's tensors, as DeepSeek-V3's own checkpoints hold them)"
+                    )
 
 
 def _other_dtypes(spec: ModelSpec, reader: HFReader) -> dict[str, str]:

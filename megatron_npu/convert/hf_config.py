@@ -503,7 +503,8 @@ def model_spec(
 
 
 def layout_flags(spec: ModelSpec, *, tp: int, pp: int, vpp: int | None, ep: int) -> list[str]:
-    """pretrain_gpt.py's layout flags (MoE under TP: megatron-core's MoE layer needs sequence parallelism)."""
+    """pretrain_gpt.py's layout flags (MoE under TP: megatron-core's MoE layer needs sequence parallelism, and
+    biased experts expert TP 1)."""
     flags = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)]
     if vpp:
         flags += ["--num-layers-per-virtual-pipeline-stage", str(spec.num_layers // (pp * vpp))]
@@ -511,8 +512,15 @@ def layout_flags(spec: ModelSpec, *, tp: int, pp: int, vpp: int | None, ep: int)
         flags += ["--expert-model-parallel-size", str(ep)]
     if spec.moe is not None and tp > 1:
         flags += ["--sequence-parallel"]
+        if expert_tp(spec, tp) != tp:
+            flags += ["--expert-tensor-parallel-size", str(expert_tp(spec, tp))]
 
     return flags
+
+
+def expert_tp(spec: ModelSpec, tp: int) -> int:
+    """The expert TP a layout trains at: megatron-core splits no expert bias (gpt-oss's experts: 1), else TP."""
+    return 1 if spec.gpt_oss is not None else tp
 
 
 def check_attention_window(cfg: dict, seq_length: int) -> None:
@@ -564,7 +572,7 @@ def check_layout(spec: ModelSpec, *, tp: int, pp: int, vpp: int | None, ep: int 
 
 
 def _check_experts(spec: ModelSpec, *, tp: int, ep: int) -> None:
-    """EP splits the experts, TP (megatron-core's expert TP defaults to it) each expert's FFN."""
+    """EP splits the experts, expert TP (megatron-core's defaults to TP; 1 for biased experts) each expert's FFN."""
     if spec.moe is None:
         if ep != 1:
             raise ConvertError(f"--ep {ep} for a dense model ({spec.family} has no experts): use --ep 1")
@@ -575,13 +583,8 @@ def _check_experts(spec: ModelSpec, *, tp: int, ep: int) -> None:
         raise ConvertError(
             f"{experts} {spec.moe.num_experts} is not divisible by --ep {ep}: choose an EP size that divides the experts"
         )
-    if spec.gpt_oss is not None and tp > 1:
-        raise ConvertError(
-            f"gpt-oss at --tp {tp}: pretrain_gpt.py trains its expert biases only at TP 1 (megatron-core 0.16.1 "
-            "needs sequence parallelism for experts under TP and then sums their fc2 bias gradient twice); use --tp 1"
-        )
     ffn = "intermediate_size" if spec.family in ("mixtral", "gpt_oss") else "moe_intermediate_size"
-    if spec.moe.ffn_hidden_size % tp:
+    if spec.moe.ffn_hidden_size % expert_tp(spec, tp):
         raise ConvertError(f"{ffn} {spec.moe.ffn_hidden_size} is not divisible by --tp {tp}")
 
 

@@ -71,6 +71,25 @@ class HFReader:
         with safe_open(os.path.join(self.model_dir, self.weight_map[name]), framework="pt") as f:
             return f.get_tensor(name) if row is None else f.get_slice(name)[row : row + 1][0].clone()
 
+    def same(self, name: str, other: str, block_rows: int = 4096) -> bool:
+        """Whether two tensors have the same dtype, shape and bits, read ``block_rows`` rows at a time (an
+        embedding is a whole shard's worth of memory)."""
+        a, b = self._name(name), self._name(other)
+        with (
+            safe_open(os.path.join(self.model_dir, self.weight_map[a]), framework="pt") as fa,
+            safe_open(os.path.join(self.model_dir, self.weight_map[b]), framework="pt") as fb,
+        ):
+            sa, sb = fa.get_slice(a), fb.get_slice(b)
+            if sa.get_dtype() != sb.get_dtype() or sa.get_shape() != sb.get_shape():
+                return False
+            rows = sa.get_shape()[0] if sa.get_shape() else 0
+            if not rows:
+                return fa.get_tensor(a).view(torch.uint8).equal(fb.get_tensor(b).view(torch.uint8))
+            return all(
+                sa[i : i + block_rows].view(torch.uint8).equal(sb[i : i + block_rows].view(torch.uint8))
+                for i in range(0, rows, block_rows)
+            )
+
 
 # safetensors' dtype names (its file format, which the writer below produces itself)
 DTYPES = {

@@ -24,7 +24,7 @@ import torch
 from distributed import ROOT, base_env, run, torchrun
 from pretrain_runs import pretrain, train_losses, validation_losses
 
-from megatron_npu.convert.hf_config import ConvertError, check_attention_window, model_spec, read_config
+from megatron_npu.convert.hf_config import ConvertError, check_attention_window, layout_flags, model_spec, read_config
 from megatron_npu.data.indexed_writer import IndexedDatasetWriter
 
 transformers = pytest.importorskip("transformers")
@@ -130,9 +130,7 @@ CONFIGS = {
         rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
     ),
 }
-MOE = ["qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v3-noq"]
-# trained at TP 1 only (pretrain_gpt.py: megatron-core 0.16.1 cannot train expert biases under TP); EP2 x PP2
-TP1 = ["gpt_oss"]
+MOE = ["qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v3-noq", "gpt_oss"]
 # Qwen2.5's vocabulary in small: 300 rows, a 200-token tokenizer. No power of two pads 200 to 300,
 # so Megatron-LM's 128 x TP2 gives 256 rows: the 44 past them are cut and must come back.
 CUT_VOCAB = lambda: transformers.Qwen2Config(  # noqa: E731
@@ -181,8 +179,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
         }
         if family in MOE:  # converted for (and its printed flags those of) TP2 x EP2 with SP
             cases[family]["convert"] = ["--tp", "2", "--ep", "2"]
-        if family in TP1:
-            cases[family]["convert"] = ["--pp", "2", "--ep", "2"]
+        if family == "gpt_oss":  # and PP2 too: TP2 x PP2 x EP2 with SP, experts at expert TP 1 (their biases)
+            cases[family]["convert"] = ["--tp", "2", "--pp", "2", "--ep", "2"]
         if family == "llama":  # bf16 weights too (the model keeps its norm scales in fp32)
             model.to(torch.bfloat16).save_pretrained(root / "llama-bf16" / "hf")
             bf16 = {k: str(root / "llama-bf16" / k) for k in ("hf", "megatron", "back")}
@@ -208,7 +206,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "layouts": LAYOUTS,
         "vpp_models": ["llama"],
         "moe_models": MOE,
-        "tp1_models": TP1,
         "roundtrip_only": roundtrip_only,
     }
     cases_file.write_text(json.dumps(everything))
@@ -292,7 +289,7 @@ def test_logits_equal_transformers_under_every_layout(models: dict) -> None:
         (f, tuple(layout))
         for f in CONFIGS
         for layout in LAYOUTS
-        if (layout[2] is None or f == "llama") and (layout[3] == 1 or f in MOE) and (layout[0] == 1 or f not in TP1)
+        if (layout[2] is None or f == "llama") and (layout[3] == 1 or f in MOE)
     }
     assert seen == wanted
     worst = max(results, key=lambda r: r["rel"])
@@ -383,7 +380,7 @@ PRETRAIN_LAYOUTS = {
     # with its MTP layer (trained beside, its loss apart from the lm loss); aux-loss-free balancing moves
     # the expert bias every step whatever the lr: held, so the save is the import
     "deepseek_v3-mtp": ["--moe-router-bias-update-rate", "0"],
-    "gpt_oss": [],  # PP2 x EP2 (TP1: its expert biases), as converted
+    "gpt_oss": [],  # TP2 x PP2 x EP2 with SP at expert TP 1 (its expert biases), as converted
 }
 
 
@@ -393,7 +390,8 @@ def test_pretrain_first_loss_equals_transformers_and_a_save_exports_the_same_bit
     models: dict, family: str, tmp_path: Path
 ) -> None:
     """One pretrain_gpt.py job per family (Qwen3 TP2 x PP2; the MoE families TP2 x EP2 with SP, their
-    experts as --moe-grouped-gemm, Mixtral's over the alltoall dispatcher; DeepSeek-V3 likewise): its first loss is
+    experts as --moe-grouped-gemm, Mixtral's over the alltoall dispatcher; DeepSeek-V3 likewise; gpt-oss
+    TP2 x PP2 x EP2 with SP, its biased experts at expert TP 1): its first loss is
     transformers' on the same tokens; 2 steps at lr 0, saved, exported: every HF tensor, bit for bit."""
     case = models["cases"][family]
     _identical_documents(tmp_path / "docs", DOCUMENT, 64)
@@ -605,6 +603,15 @@ def test_printed_flags_of_the_new_families() -> None:
     ):
         assert expected in gpt_oss
     assert "--disable-bias-linear" not in gpt_oss and "--swiglu" not in gpt_oss  # biases: Megatron-LM's default
+    # under TP: sequence parallelism (MoE) and expert TP 1 (megatron-core splits no expert bias)
+    assert layout_flags(model_spec(_config("gpt_oss"), tp=2, ep=2), tp=2, pp=1, vpp=None, ep=2)[-3:] == [
+        "--sequence-parallel",
+        "--expert-tensor-parallel-size",
+        "1",
+    ]
+    assert "--expert-tensor-parallel-size" not in layout_flags(
+        model_spec(_config("mixtral"), tp=2), tp=2, pp=1, vpp=None, ep=1
+    )
     full_first = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
     assert "--window-attn-skip-freq [0,1,1,0]" in " ".join(
         model_spec(_config("gpt_oss", layer_types=full_first)).flags()
@@ -642,7 +649,6 @@ def test_refusals_of_the_new_families(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "quantized weights (fp8): dequantize them to bf16 first" in refused(
         _config("deepseek_v3", quantization_config=fp8)
     )
-    assert refused(_config("gpt_oss"), tp=2).startswith("gpt-oss at --tp 2: pretrain_gpt.py trains its expert biases")
     assert "swiglu_alpha 1.5" in refused(_config("gpt_oss", swiglu_alpha=1.5))
     gpt_oss_yarn = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0}  # as published
     assert "YaRN RoPE scaling on standard attention" in refused(_config("gpt_oss", rope_parameters=gpt_oss_yarn))
@@ -665,3 +671,39 @@ def test_refusals_of_the_new_families(tmp_path: Path, capsys: pytest.CaptureFixt
         "megatron-npu convert: error: dynamic NTK RoPE scaling at --seq-length 128: it rescales past 64 tokens, "
         "which megatron-core's RotaryEmbedding cannot; convert and train with --seq-length 64 or less"
     ]
+
+
+def test_mtp_copies_of_the_embedding_and_output_layer_must_equal_the_main_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """DeepSeek-V3's MTP layer holds its own embed_tokens and shared_head.head, which megatron-core's MTP layer
+    takes from the main model: equal copies convert (the fixture's MTP model), a differing one is refused by the
+    command in one line, before megatron-core is imported (only the tensors the check reads are in the directory)."""
+    from safetensors.torch import save_file
+
+    from megatron_npu.convert.cli import main as convert
+
+    config = _config("deepseek_v3", num_nextn_predict_layers=1)
+    mtp = f"model.layers.{config['num_hidden_layers']}."
+    embedding, output = torch.randn(VOCAB, config["hidden_size"]), torch.randn(VOCAB, config["hidden_size"])
+    tensors = {
+        "model.embed_tokens.weight": embedding,
+        "lm_head.weight": output,
+        mtp + "eh_proj.weight": torch.randn(config["hidden_size"], 2 * config["hidden_size"]),
+        mtp + "embed_tokens.weight": embedding.clone(),
+        mtp + "shared_head.head.weight": output.clone(),
+    }
+    for name, copy in (("embed_tokens", "model.embed_tokens"), ("shared_head.head", "lm_head")):
+        changed = tmp_path / name
+        changed.mkdir()
+        (changed / "config.json").write_text(json.dumps(config))
+        one_bit = tensors[f"{mtp}{name}.weight"].clone()
+        one_bit.view(torch.int32)[3, 5] ^= 1  # the last bit of one element
+        save_file({**tensors, f"{mtp}{name}.weight": one_bit}, changed / "model.safetensors")
+        assert convert(["to-megatron", str(changed), str(tmp_path / "out"), "--tp", "2", "--ep", "2"]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"megatron-npu convert: error: {changed}: {mtp}{name}.weight differs from {copy}.weight: megatron-core's "
+            "MTP layer shares the main model's embedding and output layer, so this checkpoint cannot be trained as it "
+            "is (give its MTP layer the main model's tensors, as DeepSeek-V3's own checkpoints hold them)"
+        ]
+    assert not (tmp_path / "out").exists()
