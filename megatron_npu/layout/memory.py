@@ -26,15 +26,18 @@ What is counted, and how it was checked (tests/layout/test_memory_model.py, cpu 
   bound of tokens x top-k per rank, or at capacity, the experts' fc1 / fc2 activations), the final
   norm, the output layer input and the cross-entropy's fp32 softmax, target mask and ids. Under
   sequence parallelism the norm and linear inputs are the sequence shard (the gather runs again in
-  backward). Within 5% of measured per rank for the dense and MoE layouts of the tests.
+  backward). MLA (``_mla_projections``): the compressed q / kv through their norms, RoPE's cos and sin,
+  the assembled q, k, v; an MTP layer (``_mtp_layer``) on the last chunk; learnable / off-by-one softmax
+  sinks one more softmax column. Within 5% of measured per rank for every layout of the tests (dense,
+  MoE, MLA + MTP, sliding windows with sinks, uneven stages and a pipeline layout; most within 2%).
 * **micro-batches in flight**: 1F1B keeps min(PP - stage, M) micro-batches' activations; the
   interleaved schedule is simulated as megatron-core orders it (warm-up (PP - stage - 1) x 2 +
   (VPP - 1) x PP forwards, chunks in groups of PP micro-batches). Full recompute keeps each
   recomputed unit's input and, while one unit runs backward, its full activations; selective
   recompute drops core attention's activations (recomputed from Q, K, V). Checked as the measured
-  peak of saved bytes alive at once. Known gap: on a later pipeline stage the measured peak can hold
-  one more [s, b, h] activation than modelled (the last stage of TP2 x PP2 with SP and of full block
-  recompute, up to 4.9% low); the dropless MoE bound is 56-70% above a random routing's bytes.
+  peak of saved bytes alive at once. A later pipeline stage holds one received [s, b, h] activation
+  more (``_received_input``, measured; it had left those stages up to 4.9% low); the dropless MoE bound
+  is 56-70% above a random routing's bytes.
 
 Context parallelism (sequence terms / CP; core attention as the CP attention saves it: q, k, v, output,
 fp32 row statistics, and no QKV output): within 0.05% of benchmarks/cp_memory.py's saved bytes less the
@@ -65,7 +68,7 @@ from typing import Any
 from megatron_npu.layout.buckets import Bucket, bucket_layout
 from megatron_npu.layout.fsdp_comm import state_bytes_per_rank
 from megatron_npu.layout.model_shape import ModelShape
-from megatron_npu.layout.model_spec import DTYPE_BYTES, ModelSpec, is_expert, stage_params
+from megatron_npu.layout.model_spec import DTYPE_BYTES, ModelSpec, holds_final_norm, is_expert, stage_params
 from megatron_npu.layout.parallel_dims import ParallelDims, arg_value
 from megatron_npu.layout.plan_cp_fsdp import fsdp_scheme
 from megatron_npu.layout.stages import chunk_layers
@@ -198,17 +201,10 @@ def _rank_buffers(
     buffers, chunks, patterns = [], [], []
     for c, (start, count) in enumerate(chunk_layers(dims, model.num_layers, rank_coords["pp"])):
         vstage = c * pp + rank_coords["pp"]
-        moe = model.moe_layers(start, count)
-        params = stage_params(
-            model,
-            dims.tp,
-            count,
-            vstage == 0,
-            vstage == pp * vpp - 1,
-            pp,
-            moe,
-            (local_experts, dims.expert_tp),
-        )
+        moe, last = model.moe_layers(start, count), vstage == pp * vpp - 1
+        experts = (local_experts, dims.expert_tp)
+        norm = holds_final_norm(model, start, count, last)
+        params = stage_params(model, dims.tp, count, vstage == 0, last, pp, moe, experts, norm)
         chunks.append(params)
         patterns.append(moe)
         bucketed = st.overlap_grad_reduce and rank_coords["pp"] == 0 and c == 0
@@ -253,11 +249,12 @@ def _attention(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: in
         # MLA: q and k carry qk_head_dim + the RoPE part, v its own head size (core attention below)
         q, kv = heads * (model.qk_head_dim + model.qk_pos_emb_head_dim), heads * model.v_head_dim
         v_out = kv
-        out["qkv_out"] = _mla_projections(model, st, tokens, heads, act)
+        out["qkv_out"] = _mla_projections(model, st, dims, heads, act)
         qkv_out, rope = 0, False
-    # RoPE writes new Q and K (the V view keeps the fused QKV output alive)
+    # RoPE writes new Q and K (the V view keeps the fused QKV output alive) and saves a cos and a sin
+    # ([s, 1, 1, d], made anew per call) for each
     if not model.multi_latent_attention:
-        out["qkv_out"] = qkv_out + (tokens * (q + kv) * act + 2 * s * shape.kv_channels * act if rope else 0)
+        out["qkv_out"] = qkv_out + (tokens * (q + kv) * act + 4 * s * shape.kv_channels * act if rope else 0)
     selective = st.recompute_granularity == "selective" and "core_attn" in st.recompute_modules
     if dims.cp > 1 and not selective:
         # the CP attention (ops/context_parallel.py) saves its own contiguous q, k, v (after an all-to-all
@@ -272,7 +269,9 @@ def _attention(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: in
         out["core_attn"] = 0  # recomputed from Q, K, V in backward
     else:
         scores = b * heads * s * s
-        out["core_attn"] = scores * act + s * s  # softmax output, causal mask (bool)
+        out["core_attn"] = scores * act + s * s  # softmax output, causal (or sliding-window) mask (bool)
+        if model.softmax_type != "vanilla":
+            out["core_attn"] += b * heads * s * act  # SoftmaxOne's softmax runs over one more column, the sink
         if st.attention_softmax_in_fp32 and act != 4:
             out["core_attn"] += scores * 4  # the fp32 softmax output besides the probabilities cast back
         if st.attention_dropout > 0:
@@ -283,22 +282,44 @@ def _attention(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: in
     return out
 
 
-def _mla_projections(model: ModelSpec, st: MemorySettings, tokens: int, heads: int, act: int) -> int:
-    """MLA's projections (megatron-core's MLASelfAttention, local spec; modelled from its forward, not
-    yet measured): the gathered low-rank outputs and their norms, the up projections' outputs, and the
-    q / k / v it builds with the RoPE part (k's shared across heads)."""
-    q_dim, pos, v_dim = model.qk_head_dim + model.qk_pos_emb_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
-    kv_down = tokens * (model.kv_lora_rank + pos) * act
-    kv_norm = _norm(model, st, tokens, model.kv_lora_rank, act) if model.qk_layernorm else 0
-    kv_up = tokens * model.kv_lora_rank * act + tokens * heads * (model.qk_head_dim + v_dim) * act
-    if model.q_lora_rank is None:
-        q_path = tokens * heads * q_dim * act
+def _mla_projections(model: ModelSpec, st: MemorySettings, dims: ParallelDims, heads: int, act: int) -> int:
+    """MLA's projections (megatron-core 0.16.1's MLASelfAttention, local spec), beyond the input the down
+    projections share: each compressed path (q's with --q-lora-rank; kv's), RoPE's cos and sin, and the q,
+    k, v core attention receives. The up projections' outputs are not saved: q and k are split from them
+    and concatenated anew with their RoPE parts (RoPE's multiplies save only cos and sin), v is copied
+    contiguous. Measured on the cpu target (tests/layout/test_memory_model.py)."""
+    tp, b, s = dims.tp, model.micro_batch_size, model.seq_length // dims.cp
+    tokens = s * b
+    shard = tokens // (tp if st.sequence_parallel and tp > 1 else 1)
+    pos, v_dim = model.qk_pos_emb_head_dim, model.v_head_dim
+    kv_width = model.kv_lora_rank + pos  # k's RoPE part comes out of the same down projection
+    out = _mla_compressed(model, st, tokens, shard, model.kv_lora_rank, kv_width, act)
+    if model.q_lora_rank is not None:  # without it linear_q_proj reads the attention input, counted already
+        out += _mla_compressed(model, st, tokens, shard, model.q_lora_rank, model.q_lora_rank, act)
+    rope = 4 * s * pos * act  # cos and sin ([s, 1, 1, pos], the activations' dtype) for q's part and k's
+    assembled = tokens * heads * (2 * (model.qk_head_dim + pos) + v_dim) * act  # core attention's q, k, v
+    return out + rope + assembled
+
+
+def _mla_compressed(
+    model: ModelSpec, st: MemorySettings, tokens: int, shard: int, width: int, stored: int, act: int
+) -> int:
+    """One compressed MLA path: the down projection's output (``stored`` wide; under TP gathered over the
+    whole sequence, and under SP its sequence shard a view of that gathered tensor) read by the q / kv
+    norm, or by the up projection without --qk-layernorm, then the norm's statistics and the up
+    projection's input (``width`` wide, this rank's tokens)."""
+    whole = tokens * stored * act
+    if not model.qk_layernorm:
+        return whole  # the up projection saves its input, a view of the down projection's output
+    if model.normalization != "RMSNorm":
+        norm = whole + 2 * shard * act  # torch's layer_norm: the input's storage, mean and rstd
+    elif st.fused_rms_norm:
+        norm = whole + shard * 4  # the input and an fp32 rstd
     else:
-        q_norm = _norm(model, st, tokens, model.q_lora_rank, act) if model.qk_layernorm else 0
-        q_path = tokens * model.q_lora_rank * act * 2 + q_norm + tokens * heads * q_dim * act
-    rope = 2 * tokens * heads * pos * act  # RoPE's new q and k parts
-    assembled = tokens * heads * (2 * q_dim + v_dim) * act  # the q, k, v core attention receives
-    return kv_down + kv_norm + kv_up + q_path + rope + assembled
+        # torch's rms_norm computes in fp32: an fp32 input is saved itself (its whole storage), a lower
+        # precision one as its fp32 copy; then the fp32 rstd and normalized input
+        norm = (whole if act == 4 else shard * width * 4) + shard * 4 + shard * width * 4
+    return norm + shard * width * act
 
 
 def _mlp(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: int) -> dict[str, int]:
@@ -368,6 +389,30 @@ def _output(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: int) 
     return _norm(model, st, shard, model.hidden_size, act) + shard * model.hidden_size * act + softmax + tokens * 9
 
 
+def _mtp_layer(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: int, layer: int) -> tuple[int, int, int]:
+    """One MTP layer (megatron-core 0.16.1's MultiTokenPredictionLayer, then GPTModel's MTP loss): (bytes
+    kept from forward, bytes its recomputed unit adds in backward under full recompute, bytes of the kept
+    ones still alive then: the unit's inputs, after the output layer's backward). Its embedding
+    of the rolled ids, the enorm / hnorm of the embedding and the decoder's output, eh_proj's input (their
+    concatenation, [s, b, 2h]), ``layer`` (a layer of the decoder's last kind) and its final norm; then
+    its share of the output layer's input (one concatenation of the decoder's and the MTP layers' hidden
+    states), its own cross-entropy, and the loss mask and the scaled loss MTPLossAutoScaler keeps. Full
+    recompute checkpoints the projection, the layer and the final norm, keeping their two inputs."""
+    tp, b, s, h = dims.tp, model.micro_batch_size, model.seq_length // dims.cp, model.hidden_size
+    sp = st.sequence_parallel and tp > 1
+    tokens, shard = s * b, s * b // (tp if sp else 1)
+    unit = 2 * _norm(model, st, shard, h, act) + 2 * shard * h * act + layer + _norm(model, st, shard, h, act)
+    if sp and (model.normalization != "RMSNorm" or st.fused_rms_norm or act == 4):
+        # eh_proj's output is gathered over TP and scattered back: the layer's norm saves the view's storage
+        unit += (tokens - shard) * h * act
+    rest = _embedding(model, st, dims) + _output(model, st, dims, act) - _norm(model, st, shard, h, act)
+    rest += 2 * tokens * 4 + 4  # the rolled loss mask, the scaled per-token loss, the token count
+    if st.recompute_granularity == "full":
+        inputs = 2 * shard * h * act
+        return rest + inputs, unit, inputs
+    return rest + unit, 0, 0
+
+
 def _recompute_plan(st: MemorySettings, layers: list[int], unit_input: int, scores: int) -> list[tuple[int, int]]:
     """(bytes kept from forward, bytes added while recomputed in backward) per recompute unit, bottom
     to top. Full uniform: units of --recompute-num-layers layers keep their input; full block: the
@@ -385,31 +430,43 @@ def _recompute_plan(st: MemorySettings, layers: list[int], unit_input: int, scor
 
 
 def _chunk_activations(
-    model: ModelSpec, st: MemorySettings, dims: ParallelDims, first: bool, last: bool, moe: list[bool], act: int
+    model: ModelSpec,
+    st: MemorySettings,
+    dims: ParallelDims,
+    first: bool,
+    last: bool,
+    moe: list[bool],
+    act: int,
+    final_norm: bool | None = None,
 ) -> tuple[int, int, dict[str, int]]:
     """(bytes one micro-batch of this chunk saves, the most alive for it during its backward, bytes by
     layer type). Backward runs top down: the output layer's and the upper layers' tensors are freed
-    before a lower unit is recomputed."""
+    before a lower unit is recomputed. ``final_norm``: the chunk holds the decoder's final norm (None:
+    the last chunk; with MTP the chunk of the last decoder layer)."""
     capacity = model.moe_expert_capacity_factor
     attn_parts = _attention(model, st, dims, act)
     attn = sum(attn_parts.values())
     dense, moe_layer = sum(_mlp(model, st, dims, act).values()), sum(_moe(model, st, dims, act, capacity).values())
     layers = [attn + (moe_layer if m else dense) for m in moe]
     embedding = _embedding(model, st, dims) if first else 0
-    output = _output(model, st, dims, act) if last else 0
+    shard = model.seq_length // dims.cp * model.micro_batch_size // (dims.tp if st.sequence_parallel else 1)
+    norm = _norm(model, st, shard, model.hidden_size, act)
+    output = _output(model, st, dims, act) - norm if last else 0
+    output += norm if (last if final_norm is None else final_norm) else 0
+    mtp_added = mtp_inputs = 0
     if last and model.mtp_num_layers:
-        # each MTP layer (modelled, not yet measured): the embedding's and the hidden state's norms, the
-        # eh_proj input [s, b, 2h], a layer of the decoder's last kind, and an output layer of its own
         last_layer = attn + (moe_layer if model.moe_layers(model.num_layers - 1, 1)[0] else dense)
-        tokens = model.seq_length // dims.cp * model.micro_batch_size
-        norms = 2 * _norm(model, st, tokens, model.hidden_size, act)
-        output += model.mtp_num_layers * (norms + 2 * tokens * model.hidden_size * act + last_layer + output)
+        mtp = _mtp_layer(model, st, dims, act, last_layer)
+        output += model.mtp_num_layers * mtp[0]
+        # the top MTP layer's unit recomputed while the others' inputs are still kept
+        mtp_added, mtp_inputs = mtp[1], model.mtp_num_layers * mtp[2]
     tp_sp = dims.tp if st.sequence_parallel and dims.tp > 1 else 1
     unit_input = model.seq_length // dims.cp * model.micro_batch_size // tp_sp * model.hidden_size * act
     scores = _attention(model, replace(st, recompute_granularity=None), dims, act)["core_attn"]
     plan = _recompute_plan(st, layers, unit_input, scores)
     kept = sum(k for k, _ in plan)
-    during, below = embedding + output, embedding
+    # backward runs top down: the MTP layers' recomputed units while every layer below still holds its part
+    during, below = max(embedding + output, embedding + kept + mtp_inputs + mtp_added), embedding
     for k, added in plan:
         below += k
         during = max(during, below + added)
@@ -452,6 +509,20 @@ def in_flight(pp: int, vpp: int, pp_rank: int, microbatches: int, group: int | N
     return best, best_at
 
 
+def _received_input(model: ModelSpec, st: MemorySettings, dims: ParallelDims) -> int:
+    """A later pipeline stage holds one received activation ([s, b, h], the sequence shard under SP) beyond
+    its micro-batches in flight: measured (--memory-report's peak, cpu target), the previous micro-batch's
+    received input, a leaf megatron-core's 1F1B schedule no longer references after its backward, is still
+    alive while the next forward saves, on every stage after the first (PP2, PP2 x VPP2, PP4, uneven stages,
+    with and without SP, block recompute: exactly one). Not under full uniform recompute, where every layer
+    is a checkpoint and none was measured; what keeps it alive is not pinned down."""
+    if st.recompute_granularity == "full" and st.recompute_method == "uniform":
+        return 0
+    tp_sp = dims.tp if st.sequence_parallel and dims.tp > 1 else 1
+    tokens = model.seq_length // dims.cp * model.micro_batch_size // tp_sp
+    return tokens * model.hidden_size * DTYPE_BYTES[model.params_dtype]
+
+
 def _peak(saved: dict[int, int], during: dict[int, int], counts: dict[int, int], loss: int) -> int:
     """Bytes alive at the peak: the in-flight micro-batches after the forward that reaches it, or
     while the oldest of them runs backward (a recomputed unit's working set), plus the loss
@@ -472,15 +543,18 @@ def predict(model: ModelSpec, dims: ParallelDims, st: MemorySettings, rank: int)
     act = DTYPE_BYTES[model.params_dtype]
     pp, vpp = dims.pp, dims.virtual_stages
     saved, during, by_type = {}, {}, {}
+    layers = chunk_layers(dims, model.num_layers, coords["pp"])
     for c, moe in enumerate(patterns):
-        vstage = c * pp + coords["pp"]
-        saved[c], during[c], types = _chunk_activations(model, st, dims, vstage == 0, vstage == pp * vpp - 1, moe, act)
+        vstage, last = c * pp + coords["pp"], c * pp + coords["pp"] == pp * vpp - 1
+        norm = holds_final_norm(model, *layers[c], last)
+        saved[c], during[c], types = _chunk_activations(model, st, dims, vstage == 0, last, moe, act, norm)
         for k, v in types.items():
             by_type[k] = by_type.get(k, 0) + v
     mbs = dims.microbatches(model.global_batch_size, model.micro_batch_size)
     counts, _ = in_flight(pp, vpp, coords["pp"], mbs, st.microbatch_group_size_per_vp_stage)
     # pretrain_gpt.py's loss_func: the mask times the per-token losses keeps one fp32 [b, s]
     loss = 4 * model.micro_batch_size * model.seq_length // dims.cp if coords["pp"] == pp - 1 else 0
+    loss += _received_input(model, st, dims) if coords["pp"] > 0 else 0
     return RankMemory(
         rank=rank,
         pp_rank=coords["pp"],
@@ -563,6 +637,7 @@ def _architecture_from_args(args: Any) -> dict[str, Any]:
         "mtp_num_layers": arg_value(args, "mtp_num_layers"),
         "window_size": tuple(window) if window is not None else None,
         "window_attn_skip_freq": arg_value(args, "window_attn_skip_freq"),
+        "softmax_type": arg_value(args, "softmax_type", "vanilla") or "vanilla",
     }
 
 

@@ -60,6 +60,7 @@ class ModelSpec:
     mtp_num_layers: int | None = None  # multi-token prediction layers, on the last pipeline stage
     window_size: tuple[int, int] | None = None  # sliding-window attention (left, right); None: full causal
     window_attn_skip_freq: int | list[int] | None = None  # every N-th layer full attention (gpt-oss's pattern)
+    softmax_type: str = "vanilla"  # or off-by-one / learnable (gpt-oss's sinks: one learnable logit per head)
 
     @classmethod
     def from_shape(cls, shape: ModelShape, **training: object) -> ModelSpec:
@@ -142,12 +143,14 @@ def stage_params(
     pp: int,
     moe: list[bool] | None = None,
     experts: tuple[int, int] = (0, 1),
+    final_norm: bool | None = None,
 ) -> list[tuple[str, int]]:
     """(name, numel) of one model chunk's parameters in named_parameters() order (local spec). An MoE
     layer (``moe``, per layer) has a router, ``experts`` = (local experts, expert TP) and the shared
     experts; under EP > 1 DDP reduces the experts (``is_expert``) over expert data parallel. The last
     chunk holds the MTP layers (each the decoder's last layer's kind) and, without the first, an
-    embedding of its own for them."""
+    embedding of its own for them. ``final_norm``: whether the chunk holds the decoder's final norm
+    (None: the last chunk; with MTP the chunk of the last decoder layer, ``holds_final_norm``)."""
     h = m.hidden_size
     norm = _norm_names(m)
     vocab = m.padded_vocab(tp) // tp  # vocab-parallel rows on this rank
@@ -159,8 +162,9 @@ def stage_params(
             out.append(("embedding.position_embeddings.weight", (m.max_position_embeddings or m.seq_length) * h))
     for i in range(layers):
         out += layer_params(m, tp, f"decoder.layers.{i}.", bool(moe and moe[i]), experts)
-    if last:
+    if last if final_norm is None else final_norm:
         out += [("decoder.final_layernorm." + n, h) for n in norm]
+    if last:
         last_is_moe = m.moe_layers(m.num_layers - 1, 1)[0]
         for j in range(mtp):
             p = f"mtp.layers.{j}."
@@ -171,6 +175,15 @@ def stage_params(
         if not m.tied or not first:  # tied on one stage: the output layer reuses the embedding
             out.append(("output_layer.weight", vocab * h))
     return out
+
+
+def holds_final_norm(m: ModelSpec, start: int, count: int, last: bool) -> bool:
+    """Whether the model chunk of layers ``start`` .. ``start + count - 1`` holds the decoder's final norm:
+    the last chunk; with MTP the chunk of the last decoder layer (megatron-core 0.16.1's
+    TransformerBlock.has_final_layernorm_in_this_stage), another one under a pipeline layout."""
+    if not m.mtp_num_layers:
+        return last
+    return count > 0 and start + count == m.num_layers
 
 
 def _norm_names(m: ModelSpec) -> list[str]:
@@ -196,13 +209,16 @@ def layer_params(
 
 
 def _attention_params(m: ModelSpec, tp: int, p: str) -> list[tuple[str, int]]:
-    """Self-attention: the output projection first (megatron-core's Attention registers it before the
-    subclass's input projections), then QKV (or MLA's low-rank projections), then the QK norms."""
+    """Self-attention: core attention's learnable sinks and the output projection first (megatron-core's
+    Attention builds both before the subclass's input projections), then QKV (or MLA's low-rank
+    projections), then the QK norms."""
     shape, h, norm, bias = m.shape, m.hidden_size, _norm_names(m), m.add_bias_linear
     heads = m.num_attention_heads
+    sinks = [(p + "core_attention.softmax_offset", heads // tp)] if m.softmax_type == "learnable" else []
     if m.multi_latent_attention:
         q_dim, v_dim = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
-        out = [(p + "linear_proj.weight", h * heads * v_dim // tp)] + ([(p + "linear_proj.bias", h)] if bias else [])
+        out = sinks + [(p + "linear_proj.weight", h * heads * v_dim // tp)]
+        out += [(p + "linear_proj.bias", h)] if bias else []
         if m.q_lora_rank is None:
             out.append((p + "linear_q_proj.weight", heads * q_dim // tp * h))
         else:  # the local spec's down projections are column parallel too
@@ -216,7 +232,8 @@ def _attention_params(m: ModelSpec, tp: int, p: str) -> list[tuple[str, int]]:
         return out
     kv, groups = shape.kv_channels, shape.num_query_groups
     qkv_out = (heads + 2 * groups) * kv // tp
-    out = [(p + "linear_proj.weight", h * heads * kv // tp)] + ([(p + "linear_proj.bias", h)] if bias else [])
+    out = sinks + [(p + "linear_proj.weight", h * heads * kv // tp)]
+    out += [(p + "linear_proj.bias", h)] if bias else []
     out.append((p + "linear_qkv.weight", qkv_out * h))
     out += [(p + "linear_qkv.bias", qkv_out)] if bias else []
     if m.qk_layernorm:

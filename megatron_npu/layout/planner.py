@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass, field
 
 from megatron_npu.accelerator.facts import PLANNING_FACTS
 from megatron_npu.layout.buckets import bucket_layout
-from megatron_npu.layout.model_spec import DTYPE_BYTES, ModelSpec, is_expert, stage_params
+from megatron_npu.layout.model_spec import DTYPE_BYTES, ModelSpec, holds_final_norm, is_expert, stage_params
 from megatron_npu.layout.parallel_dims import ParallelDims
 from megatron_npu.layout.plan_cp_fsdp import plan_cp, plan_fsdp
 from megatron_npu.layout.rankmap import RankMap, cp_placement
@@ -400,7 +400,8 @@ class _RankSteps:
             moe_layers = model.moe_layers(start, n)
             moe_here += sum(moe_layers)
             last = vstage == pp * dims.virtual_stages - 1
-            chunks.append(stage_params(model, dims.tp, n, vstage == 0, last, pp, moe_layers, experts))
+            norm = holds_final_norm(model, start, n, last)
+            chunks.append(stage_params(model, dims.tp, n, vstage == 0, last, pp, moe_layers, experts, norm))
         if dims.ep == 1:
             return chunks, [], moe_here
         experts_only = [[p for p in ch if is_expert(p[0])] for ch in chunks]

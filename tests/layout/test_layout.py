@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from distributed import base_env
 
 from megatron_npu.layout import planner, rankmap, ranktable
 from megatron_npu.layout.model_shape import ModelShape, default_ffn_hidden_size, pad_vocab_size
@@ -525,6 +526,10 @@ cases = [  # (config, MLA?, ModelSpec fields, pre_process)
     (MLATransformerConfig(**base, **mla, q_lora_rank=24, qk_layernorm=True, mtp_num_layers=2, **moe), True,
      dict(**mla, q_lora_rank=24, qk_layernorm=True, mtp_num_layers=2, num_experts=4, moe_ffn_hidden_size=32,
           moe_shared_expert_intermediate_size=48, moe_layer_freq=[0, 1], moe_shared_expert_gate=True), False),
+    # gpt-oss's attention: sliding windows on every other layer, a learnable sink logit per head
+    (TransformerConfig(**base, num_query_groups=2, window_size=(15, 0), window_attn_skip_freq=2,
+                       softmax_type="learnable"), False,
+     dict(num_query_groups=2, window_size=(15, 0), window_attn_skip_freq=2, softmax_type="learnable"), True),
 ]
 for cfg, is_mla, fields, pre in cases:
     spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
@@ -552,7 +557,7 @@ def test_planner_params_and_buckets_match_megatron_core(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "MEGATRON_NPU_DEVICE": "cpu"},
+        env=base_env(),  # this checkout on the path, whatever the installed copy points at
     )
     assert "RESULT ok" in res.stdout, res.stderr[-3000:]
 
