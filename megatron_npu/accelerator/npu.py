@@ -286,17 +286,19 @@ class NpuAccelerator(Accelerator):
         return _NpuGroupedMatmul.apply(self, x, tokens_per_expert, *weights)
 
     def _grouped_matmul_rows(
-        self, x: torch.Tensor, weights: list[torch.Tensor], group_list: torch.Tensor
+        self, x: torch.Tensor, weights: list[torch.Tensor], groups: tuple[torch.Tensor, int]
     ) -> torch.Tensor:
-        # group_type 0: x's rows in groups (counts: group_list_type 1); split_item 2: one output tensor
+        # group_type 0: x's rows in groups (groups: _group_list's); split_item 2: one output tensor
+        group_list, group_list_type = groups
         return self._torch_npu.npu_grouped_matmul(
-            [x], weights, group_list=group_list, split_item=2, group_type=0, group_list_type=1
+            [x], weights, group_list=group_list, split_item=2, group_type=0, group_list_type=group_list_type
         )[0]
 
-    def _grouped_matmul_k(self, x_t: torch.Tensor, dy: torch.Tensor, group_list: torch.Tensor) -> torch.Tensor:
+    def _grouped_matmul_k(self, x_t: torch.Tensor, dy: torch.Tensor, groups: tuple[torch.Tensor, int]) -> torch.Tensor:
         # group_type 2: the shared K axis in groups: every group's x_i^T dy_i, stacked [groups, k, n]
+        group_list, group_list_type = groups
         return self._torch_npu.npu_grouped_matmul(
-            [x_t], [dy], group_list=group_list, split_item=3, group_type=2, group_list_type=1
+            [x_t], [dy], group_list=group_list, split_item=3, group_type=2, group_list_type=group_list_type
         )[0]
 
     def profiler_activities(self) -> list:
@@ -336,17 +338,25 @@ class _NpuGroupedMatmul(torch.autograd.Function):
     def forward(
         ctx: Any, accelerator: NpuAccelerator, x: torch.Tensor, counts: list[int], *weights: torch.Tensor
     ) -> Any:
-        group_list = torch.tensor(counts, dtype=torch.int64, device=x.device)
-        ctx.accelerator, ctx.group_list = accelerator, group_list
+        groups = _group_list(counts, x.device)
+        ctx.accelerator, ctx.groups = accelerator, groups
         ctx.save_for_backward(x, *weights)
-        return accelerator._grouped_matmul_rows(x, [w.t() for w in weights], group_list)
+        return accelerator._grouped_matmul_rows(x, [w.t() for w in weights], groups)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> Any:
         x, *weights = ctx.saved_tensors
-        dx = ctx.accelerator._grouped_matmul_rows(dy, list(weights), ctx.group_list)
-        dw = ctx.accelerator._grouped_matmul_k(x.t(), dy, ctx.group_list)
+        dx = ctx.accelerator._grouped_matmul_rows(dy, list(weights), ctx.groups)
+        dw = ctx.accelerator._grouped_matmul_k(x.t(), dy, ctx.groups)
         return None, dx, None, *(g.t() for g in dw)
+
+
+def _group_list(counts: list[int], device: torch.device) -> tuple[torch.Tensor, int]:
+    """(group_list, group_list_type) of npu_grouped_matmul for these group sizes: the sizes (type 1), but one group
+    (one local expert: --num-experts equal to the EP size) as its cumulative form (type 0), since CANN documents
+    "当group_list_type为1时, group_list必须为非负数列, 且长度不能为1" (tests/accelerator/test_npu_reference.py)."""
+    group_list = torch.tensor(counts, dtype=torch.int64, device=device)
+    return (group_list, 1) if len(counts) > 1 else (group_list.cumsum(0), 0)
 
 
 # sparse_mode 4 (band) reads a compressed lower-triangular atten_mask of this size (CANN's documentation)

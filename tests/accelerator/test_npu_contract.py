@@ -121,8 +121,8 @@ def test_every_fused_op_we_name_exists_with_the_documented_arguments(wheel):
 
 def test_the_grouped_matmul_we_call_takes_our_grouping_and_has_no_autograd_of_its_own(wheel):
     """NpuAccelerator groups rows (group_type 0, forward and dx) and the K axis (group_type 2, the
-    weight gradients) with counts as a tensor (group_list_type 1); it writes the backward itself
-    because torch_npu 2.14.0 registers no autograd formula for the op."""
+    weight gradients) with counts as a tensor (group_list_type 1; one group cumulative, type 0); it
+    writes the backward itself because torch_npu 2.14.0 registers no autograd formula for the op."""
     meta = wheel.read("torch_npu/op_plugin/meta/_meta_registrations.py").decode()
     assert "group_type == -1 or group_type == 0 or group_type == 2" in meta
     functions = wheel.read("torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml").decode()
