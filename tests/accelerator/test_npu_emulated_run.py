@@ -6,8 +6,10 @@ losses.
 the host: docs/npu-emulation.md). Each layout runs once on each target, all four launches at once:
 
 - TP2 x PP2 with --sequence-parallel, --use-flash-attn and --reset-attention-mask on the bundled corpus (documents of
-  about 150 tokens, so a 64-token sample holds document boundaries): npu_fusion_attention with document masks,
-  RoPE / RMSNorm / SwiGLU kernels, MoE with EP2 and --moe-grouped-gemm (npu_grouped_matmul forward and backward);
+  about 150 tokens, so a 64-token sample holds document boundaries), a sliding window on layer 1 (stage 0) and full
+  attention on layer 2 (stage 1): npu_fusion_attention in band mode (sparse_mode 4) and with document masks
+  (sparse_mode 0), RoPE / RMSNorm / SwiGLU kernels, MoE with EP2 and --moe-grouped-gemm (npu_grouped_matmul
+  forward and backward);
 - CP2 with --cp-comm-type p2p a2a (ring attention on layer 1, Ulysses on layer 2): the attention blocks on
   npu_fusion_attention / npu_fusion_attention_grad and their merge on npu_ring_attention_update, EP2 grouped GEMM.
 
@@ -45,7 +47,7 @@ LAYOUTS = {
         4,
         "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel "
         "--expert-tensor-parallel-size 1 --use-flash-attn --reset-attention-mask --reset-position-ids "
-        "--eod-mask-loss".split(),
+        "--eod-mask-loss --window-size 16,0 --window-attn-skip-freq 2".split(),
     ),
     "cp2_p2p_a2a": (2, "--context-parallel-size 2 --cp-comm-type p2p a2a".split()),
 }
@@ -110,9 +112,12 @@ def test_the_npu_branches_ran_on_the_reference_operators(runs):
     flash = _calls(runs["tp2_pp2_flash_document_masks", "npu"])
     cp = _calls(runs["cp2_p2p_a2a", "npu"])
     assert sorted(flash) == [0, 1, 2, 3] and sorted(cp) == [0, 1]
-    for calls in flash.values():
-        # every forward of core attention on the fused kernel, with megatron's document mask (sparse_mode 0)
-        assert calls["npu_fusion_attention sparse_mode=0 mask=document"] == ITERATIONS * 4  # 4 micro-batches, 1 layer
+    forwards = ITERATIONS * 4  # 4 micro-batches, one layer a stage
+    for rank, calls in flash.items():
+        # every forward of core attention on the fused kernel: the window layer as the band over the compressed
+        # mask (stage 0: ranks 0, 1), the full layer with megatron's document mask (stage 1: ranks 2, 3)
+        kind = "sparse_mode=4 mask=compressed" if rank < 2 else "sparse_mode=0 mask=document"
+        assert calls[f"npu_fusion_attention {kind}"] == forwards, calls
         assert calls["npu_grouped_matmul group_type=0 group_list_type=1"] > 0  # fc1 / fc2 and their dx
         assert calls["npu_grouped_matmul group_type=2 group_list_type=1"] > 0  # the weight gradients
         assert {"npu_rms_norm", "npu_rotary_mul", "npu_swiglu"} <= calls.keys()
