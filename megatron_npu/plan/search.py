@@ -8,7 +8,7 @@ distributed optimizer wherever DP x CP > 1; sequence parallelism whenever TP > 1
 left. Each printed candidate passes the trainer's own validation (its flags are flags pretrain_gpt.py
 accepts for this world size).
 
-Fit: the memory model's largest rank (megatron_npu/layout/memory.py; first and last stages differ)
+Fit: the memory model's largest rank (megatron_npu/layout/memory.py; every kind of pipeline stage: ends and middles differ)
 within the device's memory (PLANNING_FACTS.device_memory_gb: 910B 64 GB) less ``HEADROOM`` for what
 the model leaves out (the caching allocator's fragmentation, workspaces, communication buffers,
 torch_npu's own reserve).
@@ -36,6 +36,7 @@ from megatron_npu.layout.model_spec import ModelSpec
 from megatron_npu.layout.parallel_dims import LayoutError, ParallelDims, divisors
 from megatron_npu.layout.planner import plan
 from megatron_npu.layout.rankmap import build_rank_map
+from megatron_npu.layout.stages import chunk_layers
 from megatron_npu.layout.step_time import StepTime, assumptions, comm_seconds, step_time
 
 GB = 1e9  # the unit of every figure printed: GB = 1e9 bytes
@@ -241,10 +242,20 @@ def _validate(c: Candidate, base_flags: list[str], world: int) -> bool:
 
 
 def _stage_memory(model: ModelSpec, dims: ParallelDims, st: MemorySettings) -> list[RankMemory]:
-    """The first and the last pipeline stage's first rank: the stages whose peaks bound the others
-    (a middle stage holds no more layers than the first, fewer micro-batches in flight, no embedding)."""
+    """The first rank of each pipeline stage that can hold the largest peak: the first and the last stage,
+    and of the stages between, the earliest of each kind (its chunks' layer counts and MoE layers). A middle
+    stage can outweigh the first: uneven stages give the first fewer layers, and dense-first MoE patterns
+    give it dense layers only (DeepSeek-V3's); a later stage of the same kind has fewer micro-batches in
+    flight and so no larger a peak."""
     per_stage = dims.world_size // dims.pp
-    return [predict(model, dims, st, stage * per_stage) for stage in sorted({0, dims.pp - 1})]
+    stages, kinds = {0, dims.pp - 1}, set()
+    for stage in range(1, dims.pp - 1):
+        chunks = chunk_layers(dims, model.num_layers, stage)
+        kind = tuple((count, sum(model.moe_layers(start, count))) for start, count in chunks)
+        if kind not in kinds:
+            kinds.add(kind)
+            stages.add(stage)
+    return [predict(model, dims, st, stage * per_stage) for stage in sorted(stages)]
 
 
 def _communication(c: Candidate, nnodes: int, nproc: int, intra: float, inter: float) -> None:

@@ -52,7 +52,8 @@ def test_search_prints_layouts_that_fit_and_pass_the_trainers_validation(capsys,
         assert row["max_memory_bytes"] <= limit
         assert row["tp"] in (1, 2, 4, 8) and row["rank_map"]["groups_crossing_nodes"].count("tp") == 0
         stages = {m["pp_rank"]: m for m in row["memory"]}
-        assert set(stages) == {0, row["pp"] - 1}
+        # the ends, and a middle stage of each kind (uneven ends make the middle ones a kind of their own)
+        assert {0, row["pp"] - 1} <= set(stages) <= set(range(row["pp"]))
         if row["pp"] > 1:  # the first stage holds the embedding, the last the output layer and logits
             assert stages[0]["saved_by_type"].get("embedding") and stages[row["pp"] - 1]["saved_by_type"].get("output")
         # the printed flags are pretrain_gpt.py's, accepted by its validation for this world size
@@ -190,3 +191,32 @@ def test_ranking_breaks_ties_by_headroom_and_folds_identical_rows():
     flags = ["--num-layers", "32", *["--sequence-parallel", "--use-distributed-optimizer"] * 8, "--bf16"]
     wrapped = search.wrap_flags(flags)
     assert all(len(line) <= search.FLAG_WIDTH for line in wrapped.splitlines()) and "--num-layers 32" in wrapped
+
+
+def test_search_fits_by_every_kind_of_stage_not_only_the_ends():
+    """Dense-first MoE (DeepSeek-V3's pattern) with a lighter first stage: a middle stage holds the most, and
+    the search's fit sees it (it had looked at the first and last stage only)."""
+    from megatron_npu.layout.memory import MemorySettings, predict_all
+    from megatron_npu.layout.model_spec import ModelSpec
+    from megatron_npu.layout.parallel_dims import ParallelDims
+
+    model = ModelSpec(
+        num_layers=10,
+        hidden_size=256,
+        num_attention_heads=8,
+        seq_length=256,
+        micro_batch_size=1,
+        global_batch_size=16,
+        vocab_size=1000,
+        num_experts=8,
+        moe_layer_freq=[0] + [1] * 9,
+        params_dtype="bf16",
+    )
+    dims = ParallelDims(4, pp=4, num_layers=10, num_experts=8, first_stage_layers=1, last_stage_layers=3)
+    st = MemorySettings(attention_dropout=0, hidden_dropout=0)
+    every = predict_all(model, dims, st)
+    chosen = search._stage_memory(model, dims, st)
+    largest = max(every, key=lambda m: m.total_bytes)
+    assert 0 < largest.pp_rank < 3  # a middle stage: the ends alone would under-state the layout
+    assert max(m.total_bytes for m in chosen) == largest.total_bytes
+    assert {m.pp_rank for m in chosen} == {0, 1, 3}  # stage 2 is stage 1's kind with fewer in flight
