@@ -314,3 +314,56 @@ def test_the_grouped_gemm_seam_runs_any_number_of_local_experts_within_the_docum
     torch.testing.assert_close(
         torch.autograd.grad(y, (x, *weights), dy), torch.autograd.grad(expected, (x, *weights), dy)
     )
+
+
+@pytest.mark.parametrize("case", ["causal", "document", "window", "mla_gqa"])
+def test_the_flash_attention_seam_over_the_references_equals_the_torch_twin(npu_over_reference, case):
+    """NpuAccelerator._fused_flash_attention's arguments (SBH, the mask's polarity, sparse_mode, the band) against
+    ops/fused.py's torch twin, which runs on the cpu target, forward and backward."""
+    from megatron_npu.ops import fused
+
+    sq, b, n, g = 12, 2, 4, 2 if case == "mla_gqa" else 4
+    hq, hv = (12, 8) if case == "mla_gqa" else (8, 8)
+    q, k, v = _randn(sq, b, n, hq, seed=60), _randn(sq, b, g, hq, seed=61), _randn(sq, b, g, hv, seed=62)
+    mask = None
+    if case == "document":
+        mask = torch.ones(b, 1, sq, sq).tril() < 0.5
+        mask[0, 0, 5:, :5] = True
+        mask[1, 0, 9:, :9] = True
+    options = {"softmax_scale": 0.3, "attention_mask": mask, "window": (3, 0) if case == "window" else None}
+    kernel = npu_over_reference.fused_kernel("flash_attention")
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    twin_inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = kernel(*inputs, **options)
+    expected = fused.flash_attention(*twin_inputs, **options)  # the cpu target: torch's scaled_dot_product_attention
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    dy = _randn(*got.shape, seed=63)
+    torch.testing.assert_close(
+        torch.autograd.grad(got, inputs, dy), torch.autograd.grad(expected, twin_inputs, dy), rtol=1e-4, atol=1e-5
+    )
+
+
+def test_the_context_parallel_blocks_over_the_references_equal_their_torch_twins(npu_over_reference):
+    """attention_block / attention_block_grad / attention_merge (ops/attention_blocks.py's kernels) on the
+    references against the twins the cpu target runs."""
+    from megatron_npu.ops import attention_blocks as blocks
+
+    s, b, n, g, d = 8, 2, 4, 2, 8
+    q, k, v = _randn(s, b, n, d, seed=70), _randn(s, b, g, d, seed=71), _randn(s, b, g, d, seed=72)
+    for causal in (True, False):
+        got = npu_over_reference.fused_kernel("attention_block")(q, k, v, softmax_scale=0.3, causal=causal)
+        expected = blocks.block_forward_twin(q, k, v, softmax_scale=0.3, causal=causal)
+        torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got[1][..., :1], expected[1])
+        torch.testing.assert_close(got[2][..., :1], expected[2], rtol=1e-5, atol=1e-6)
+        dout = _randn(s, b, n, d, seed=73)
+        grads = npu_over_reference.fused_kernel("attention_block_grad")(
+            q, k, v, dout, got[0], got[1], got[2], softmax_scale=0.3, causal=causal
+        )
+        twin = blocks.block_backward_twin(q, k, v, dout, *expected, softmax_scale=0.3, causal=causal)
+        torch.testing.assert_close(grads, twin, rtol=1e-4, atol=1e-5)
+    merge = npu_over_reference.fused_kernel("attention_merge")
+    first = npu_over_reference.fused_kernel("attention_block")(q, k[:3], v[:3], softmax_scale=0.3, causal=False)
+    second = npu_over_reference.fused_kernel("attention_block")(q, k[3:], v[3:], softmax_scale=0.3, causal=False)
+    whole = blocks.block_forward_twin(q, k, v, softmax_scale=0.3, causal=False)
+    torch.testing.assert_close(merge(*first, *second)[0], whole[0], rtol=1e-5, atol=1e-6)
