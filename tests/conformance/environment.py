@@ -14,6 +14,8 @@ TEST_PACKAGES = {
     # and typing-extensions are here already).
     "emerging_optimizers": "pip install --no-deps git+https://github.com/NVIDIA-NeMo/Emerging-Optimizers.git@v0.1.0",
     # Megatron-LM's megatron.rl server, imported by megatron.rl.rl_utils (models/test_gpt_model_batch_invariant.py)
+    # test_utils.py (top level) imports the mock backport (Megatron-LM's dev dependencies)
+    "mock": "pip install mock",
     "fastapi": EXTRA,
     "uvicorn": EXTRA,
 }

@@ -111,7 +111,27 @@ _TE_SPEC_THEN_CALCULATOR = (
     "NameError|AssertionError",
     r"^name 'TE(SpecProvider|Norm)' is not defined$|^num microbatches calculator is already initialized\.$",
 )
+_UT = "tests/unit_tests"
 EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
+    # top-level files
+    _te(f"{_UT}/test_fp8_param.py", _TE_IMPORT, _NO_TE_MODULE),
+    _te(f"{_UT}/test_optimizer.py", "imports transformer_engine's fp8_autocast at module level", _NO_TE_MODULE),
+    _te(
+        f"{_UT}/test_fp8_utils.py::TestFP8Padding::*",
+        "megatron-core defines fp8_utils' inference padding (_fp8_inference_wrapped_modules) only with TE",
+        ("AttributeError", r"^module 'megatron\.core\.fp8_utils' has no attribute '_fp8_inference_wrapped_modules'$"),
+    ),
+    _cuda(
+        f"{_UT}/fusions/test_mla_yarn_rope_apply.py::TestFusedApplyMLARope::*",
+        "fused_mla_yarn_rope_apply is a triton kernel: without triton megatron-core's null decorator stands for "
+        "@triton.jit and the launch kernel[grid](...) cannot index a function",
+        ("TypeError", r"^'function' object is not subscriptable$"),
+    ),
+    _cuda(
+        f"{_UT}/test_nccl_allocator.py",
+        "megatron.core.nccl_allocator reads torch's NCCL version at import (NCCL's memory pool)",
+        ("AttributeError", r"^module 'torch\._C' has no attribute '_nccl_version'$"),
+    ),
     _cuda(
         f"{_TP}/test_random.py::test_double_fork_cuda_rng_states_tracker[[]True[]]",
         _CUDAGRAPH_RNG,
@@ -322,6 +342,14 @@ TARGET_LIMITS: tuple[ExpectedFailure, ...] = (
         "device_rng_is_host_rng",
         _Z_LOSS_DRAW,
         _NOT_EQUAL,
+    ),
+    _limit(
+        f"{_UT}/test_optimizer_cpu_offloading.py::test_*",
+        "runs_on_host",
+        "HybridDeviceOptimizer offloads device parameters (param.is_cuda) to host copies; on the host target no "
+        "parameter is a device one, so every parameter lands in the host sub-optimizer without a device twin "
+        "(cpu_copys_map_gpu_param[param]: KeyError). On npu, where is_cuda is False for an npu tensor too, it must pass",
+        ("KeyError", r"^Parameter containing:$"),
     ),
     _limit(f"{_TP}/test_initialization.py::Test::test_embedding_init", "device_rng_is_host_rng", _HOST_RNG, _NOT_EQUAL),
     _limit(f"{_TP}/test_initialization.py::Test::test_row_init", "device_rng_is_host_rng", _HOST_RNG, _NOT_EQUAL),

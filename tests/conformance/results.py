@@ -99,7 +99,7 @@ class FolderReport:
         return sum(1 for r in self.tests() if r.outcome == "skipped" and DEVICE_SKIP.search(r.message))
 
     def skip_reasons(self) -> Counter[str]:
-        return Counter(_skip_reason(r.message) for r in self.tests() if r.outcome in ("skipped", "xfailed"))
+        return Counter(_skip_reason(r.message) for r in self.tests() if r.outcome == "skipped")
 
     def not_run(self) -> list[str]:
         """Collected, neither deselected nor recorded: left after the last restart (must be none)."""
@@ -107,7 +107,7 @@ class FolderReport:
         return [nodeid for nodeid in self.collection.collected if nodeid not in recorded]
 
     def accounting(self) -> str:
-        """collected = passed + failed + errors + hangs + skipped (by reason) + deselected (by marker) + not run,
+        """collected = passed + failed + errors + hangs + skipped (by reason) + xfailed + deselected (by marker) + not run,
         then what collection could not count: files that failed to import and modules skipped at import."""
         c = self.collection
         skipped = self.skip_reasons()
@@ -119,6 +119,7 @@ class FolderReport:
             f" + failed {self.count('failed')} + errors {self.count('error')} + hangs/crashes "
             f"{self.count('hang', 'crash')} + skipped {sum(skipped.values())}"
             + (f" ({'; '.join(f'{reason}: {n}' for reason, n in skipped.most_common())})" if skipped else "")
+            + f" + xfailed {self.count('xfailed')} (as upstream marks them)"
             + f" + deselected {sum(markers.values())}"
             + (f" ({', '.join(f'{marker}: {n}' for marker, n in sorted(markers.items()))})" if markers else "")
             + f" + not run {len(self.not_run())}"
@@ -126,7 +127,7 @@ class FolderReport:
         if hidden:
             line += (
                 f"; {len(hidden)} files failed to import, hiding {hidden_tests} test functions (before parametrize): "
-                + ", ".join(f"{r.nodeid.rsplit('/', 1)[-1]} ({r.exception}: {r.first_line})" for r in hidden)
+                + ", ".join(f"{r.nodeid.rsplit('/', 1)[-1]} ({_cell(_failure(r), 120)})" for r in hidden)
             )
         if c.module_skips:
             line += "; skipped at import: " + ", ".join(
@@ -226,7 +227,9 @@ def expected_entry(
 
 
 def hint(result: TestResult) -> str:
-    for text in (result.message, result.detail):  # the message names the cause better than the traceback
+    failure = f"{result.exception}: {result.first_line}" if result.exception else ""
+    # The exception names the cause better than the traceback (whose "test" read as a TE name to the pattern).
+    for text in (failure,) if failure else (result.message, result.detail):
         for cause, pattern in HINTS:
             if pattern.search(text):
                 return cause

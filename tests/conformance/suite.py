@@ -57,12 +57,13 @@ def edit_conftest(root: Path) -> None:
 
 
 def _training_members(archive: tarfile.TarFile) -> list[tarfile.TarInfo]:
-    """Megatron-LM's ``megatron/`` package and its root modules (gpt_builders.py, model_provider.py, which
-    megatron_fsdp's test utils import): the suite brings its own tests and pyproject.toml."""
+    """Megatron-LM's ``megatron/`` package, its ``tools/`` (test_tokenizer.py imports tools.preprocess_data) and its
+    root modules (gpt_builders.py, model_provider.py, which megatron_fsdp's test utils import): the suite brings its
+    own tests and pyproject.toml."""
     members = []
     for member in archive.getmembers():
         name = member.name.removeprefix("./")
-        if name.startswith("megatron/") or ("/" not in name and name.endswith(".py")):
+        if name.startswith(("megatron/", "tools/")) or ("/" not in name and name.endswith(".py")):
             members.append(member)
     return members
 
