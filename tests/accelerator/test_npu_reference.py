@@ -78,6 +78,21 @@ def test_the_torch_npu_module_holds_every_name_the_npu_accelerator_uses():
     assert torch.npu is module.npu  # importing torch_npu registers torch.npu
 
 
+def test_the_host_torch_npu_has_one_device_per_local_rank_and_the_host_rng(monkeypatch):
+    npu = ref.host_npu_namespace()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    npu.set_device(1)
+    assert (npu.device_count(), npu.current_device()) == (2, 1)
+    with pytest.raises(RuntimeError, match="out of range"):
+        npu.set_device(2)
+    with torch.random.fork_rng(devices=[]):  # the suite's host RNG is left as it was
+        npu.manual_seed(7)
+        drawn = torch.rand(3, generator=npu.default_generators[1])
+        torch.default_generator.manual_seed(7)
+        torch.testing.assert_close(drawn, torch.rand(3))  # megatron's RNG tracker forks the host generator
+        torch.testing.assert_close(npu.get_rng_state(), torch.get_rng_state())
+
+
 # ---- npu_fusion_attention -----------------------------------------------------------------------------------------
 
 
