@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -452,6 +453,51 @@ def _derive_sequence_lengths(args: argparse.Namespace) -> None:
     args.variable_seq_lengths = False
 
 
+def _pipeline_layout_problem(args: argparse.Namespace, stages: list[str], pp: int) -> str | None:
+    """What megatron-core's PipelineParallelLayerLayout.validate_layer_layout asserts of the unrolled stages."""
+    flat, mtp = "".join(stages), args.mtp_num_layers or 0
+    unknown = sorted(set(flat) - set("EtmL"))
+    holding = [v for v, stage in enumerate(stages) if "m" in stage]
+    problems = (
+        (unknown, f"has {''.join(unknown)}: a stage holds E (embedding), t (decoder layer), m (MTP layer), L (loss)"),
+        (flat.count("E") != 1 or flat[:1] != "E", "must start with the embedding E, once"),
+        (flat.count("L") != 1 or flat[-1:] != "L", "must end with the loss L, once"),
+        (flat.count("t") != args.num_layers, f"has {flat.count('t')} t, --num-layers is {args.num_layers}"),
+        (flat.count("m") != mtp, f"has {flat.count('m')} m, --mtp-num-layers is {mtp}"),
+        (mtp and "t" in flat[flat.find("m") :], "places a decoder layer t after an MTP layer m"),
+        (
+            len(holding) > 1 or any(v < len(stages) - pp for v in holding),
+            f"must hold every m in one of its last {pp} stages",
+        ),
+    )
+    return next((said for failed, said in problems if failed), None)
+
+
+def _check_pipeline_layout(args: argparse.Namespace, pp: int) -> None:
+    """--pipeline-model-parallel-layout's rules, said before any process group: megatron-core 0.16.1 asserts them only
+    building the model's TransformerConfig (validate_layer_layout), and its module imports torch, which this parser
+    does not (the planner reads it)."""
+    layout = args.pipeline_model_parallel_layout
+    if layout is None:
+        return
+    flag = f"--pipeline-model-parallel-layout {layout!r}"
+    others = {
+        "--decoder-first-pipeline-num-layers": args.decoder_first_pipeline_num_layers is not None,
+        "--decoder-last-pipeline-num-layers": args.decoder_last_pipeline_num_layers is not None,
+        "--account-for-embedding-in-pipeline-split": args.account_for_embedding_in_pipeline_split,
+        "--account-for-loss-in-pipeline-split": args.account_for_loss_in_pipeline_split,
+    }
+    if any(others.values()):  # megatron-core's TransformerConfig raises the same
+        given = " ".join(name for name, set_ in others.items() if set_)
+        raise ConfigError(f"{flag} places every layer, the embedding and the loss itself: drop {given}")
+    text = layout.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):  # megatron-core's unrolling of (...)*n, then x*n
+        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+    problem = _pipeline_layout_problem(args, text.split("|"), pp)
+    if problem:
+        raise ConfigError(f"{flag} {problem}")
+
+
 def _check_layout(args: argparse.Namespace, world_size: int, shape: ModelShape) -> None:
     """Parallel layout checks, before any process group exists: one ParallelDims, its rules."""
     dims = _layout(ParallelDims.from_args, args, world_size)
@@ -470,6 +516,8 @@ def _check_layout(args: argparse.Namespace, world_size: int, shape: ModelShape) 
         raise ConfigError(
             f"--context-parallel-size {dims.cp} runs attention without dropout: set --attention-dropout 0"
         )
+
+    _check_pipeline_layout(args, pp)
 
     # Interleaved schedule (Megatron-LM validate_args): p2p settings follow from it.
     args.virtual_pipeline_model_parallel_size = vpp

@@ -10,6 +10,8 @@
   checkpoint, CP2's losses equal the one-rank run's (rel 1e-5). Multi-latent attention (separate q/k and v head
   sizes; megatron-core 0.16.1 runs it under CP only on Transformer Engine's attention) and gpt-oss's sliding
   windows and sinks are refused in one line before any process group.
+* A layout megatron-core would assert on building the model (after the process groups exist) is refused at start-up
+  in one line: the trainer's verdict is megatron-core's PipelineParallelLayerLayout's on each layout here.
 """
 
 from __future__ import annotations
@@ -83,3 +85,50 @@ def test_context_parallelism_the_attention_cannot_run_is_one_line_before_start_u
         parse_args(argv, world_size=2, check_paths=False)
     said = str(info.value)
     assert "\n" not in said and CP_REFUSED[family] in said and "--context-parallel-size 1" in said, said
+
+
+# layouts of the 3-layer, 1-MTP-layer model at PP2: megatron-core's parser and validate_layer_layout decide
+LAYOUTS = [
+    "Et|(t|)*2mL",  # the one trained above
+    "Ett|tmL",
+    "Et|t|tm|L",  # MTP alone on the first rank's last virtual stage (megatron-core's mtp_standalone)
+    "Et|t|tt|mL",  # four decoder layers
+    "Et|t|t|L",  # no MTP layer
+    "Et|mt|t|L",  # a decoder layer after MTP
+    "Etm|t|t|L",  # MTP on a rank's first virtual stage
+    "t|Et|t|mL",
+    "Et|t|t|mLL",
+    "Et|x|t|mL",
+]
+
+
+def _trainer_verdict(*flags: str) -> str | None:
+    """None where pretrain_gpt.py's parser and validation accept the flags at PP2, else the one-line refusal."""
+    argv = [*MODEL, *MOCK_DATA, *COMMON, *DEEPSEEK, "--pipeline-model-parallel-size", "2", *flags]
+    try:
+        parse_args(argv, world_size=2, check_paths=False)
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layout_strings_megatron_core_asserts_on_are_refused_at_start_up(layout):
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    try:
+        PipelineParallelLayerLayout(layout, 2).validate_layer_layout(num_layers=3, mtp_num_layers=1)
+        runs = True
+    except AssertionError:
+        runs = False
+    said = _trainer_verdict("--pipeline-model-parallel-layout", layout)
+    assert (said is None) == runs, (layout, runs, said)
+    assert said is None or ("\n" not in said and f"--pipeline-model-parallel-layout {layout!r}" in said), said
+
+
+@pytest.mark.parametrize(
+    "other", [["--decoder-first-pipeline-num-layers", "1"], ["--account-for-embedding-in-pipeline-split"]]
+)
+def test_a_layout_string_with_other_stage_flags_is_refused_naming_them(other):
+    said = _trainer_verdict("--pipeline-model-parallel-layout", "Et|(t|)*2mL", *other)
+    assert said and "\n" not in said and f"drop {other[0]}" in said, said
