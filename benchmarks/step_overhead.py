@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     timers = build_timers(args.timing_log_level, args.timing_log_option)
     global_vars.set_global("timers", timers)
     model = build_model(pretrain_gpt.model_provider, args)
-    optimizer = get_megatron_optimizer(optimizer_config(args), model)
+    optimizer = get_megatron_optimizer(
+        optimizer_config(args.optim, args.schedule, args.precision, args.distributed, args.logging), model
+    )
     scheduler = build_scheduler(optimizer, args)
     wire_model_config(model, optimizer, timers, args)
     state = RunState()

@@ -49,11 +49,12 @@ def build_model(model_provider: Callable, args: argparse.Namespace) -> list[Dist
     if args.fp16 or args.bf16:
         chunks = [Float16Module(chunk.config, chunk) for chunk in chunks]
     config = get_model_config(chunks[0])
-    if args.use_megatron_fsdp or args.use_torch_fsdp2:  # as Megatron-LM: FSDP in place of DDP
-        wrapped = fsdp.wrap(chunks, config, args, device)
+    ddp = ddp_config(args.distributed, args.precision, args.training, args.fsdp)
+    if args.fsdp.enabled:  # as Megatron-LM: FSDP in place of DDP
+        wrapped = fsdp.wrap(chunks, config, ddp, args.fsdp, device)
     else:
         wrapped = [
-            DistributedDataParallel(config=config, ddp_config=ddp_config(args), module=chunk, disable_bucketing=i > 0)
+            DistributedDataParallel(config=config, ddp_config=ddp, module=chunk, disable_bucketing=i > 0)
             for i, chunk in enumerate(chunks)
         ]
     if args.data_parallel_random_init:
@@ -98,7 +99,7 @@ def build_scheduler(optimizer: Any, args: argparse.Namespace) -> OptimizerParamS
 def build_optimizer(model: list, args: argparse.Namespace) -> Any:
     """megatron-core's optimizer with the standard overrides (the decoupled group marked
     is_decoupled_lr: megatron_npu/patches/optimizer.py)."""
-    config = optimizer_config(args)
+    config = optimizer_config(args.optim, args.schedule, args.precision, args.distributed, args.logging)
     return standard_megatron_optimizer(config, model)
 
 

@@ -26,6 +26,15 @@ from megatron_npu.accelerator import get_accelerator
 from megatron_npu.compat import release_config, squared_relu
 from megatron_npu.compat.core import quick_gelu
 from megatron_npu.ops.fused import fused_rotary_serves
+from megatron_npu.training.sections import (
+    DistributedSection,
+    FsdpSection,
+    LoggingSection,
+    MixedPrecisionSection,
+    OptimizerSection,
+    ScheduleSection,
+    TrainingSection,
+)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -38,9 +47,9 @@ CUDA_EXTENSION_FUSIONS = {
 }
 
 
-def params_dtype(args: argparse.Namespace) -> torch.dtype:
-    """``args.params_dtype`` ("float32" / "float16" / "bfloat16", derived in validation.py) as a torch dtype."""
-    return DTYPES[args.params_dtype]
+def params_dtype(precision: MixedPrecisionSection) -> torch.dtype:
+    """``params_dtype`` ("float32" / "float16" / "bfloat16", derived in validation.py) as a torch dtype."""
+    return DTYPES[precision.params_dtype]
 
 
 def available_fusions(args: argparse.Namespace) -> dict[str, bool]:
@@ -97,7 +106,7 @@ def _derived_fields(args: argparse.Namespace) -> dict[str, Any]:
     spellings and what this trainer derives (the one list of exceptions to the reflection)."""
     activation, gated = _activation(args)
     fusions = available_fusions(args)
-    dtype = params_dtype(args)
+    dtype = DTYPES[args.params_dtype]
     fields: dict[str, Any] = {
         "layernorm_epsilon": args.norm_epsilon,
         "add_qkv_bias": args.add_qkv_bias or args.add_bias_linear,
@@ -149,52 +158,60 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
     return release_config(config_class, kwargs)  # less the fields an older megatron-core lacks
 
 
-def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
+def optimizer_config(
+    optim: OptimizerSection,
+    schedule: ScheduleSection,
+    precision: MixedPrecisionSection,
+    distributed: DistributedSection,
+    logging: LoggingSection,
+) -> OptimizerConfig:
     return OptimizerConfig(
-        optimizer=args.optimizer,
-        lr=args.lr,
-        min_lr=args.min_lr,
+        optimizer=optim.optimizer,
+        lr=schedule.lr,
+        min_lr=schedule.min_lr,
         # megatron-core gives the embedding and output-layer parameters their own group on this schedule
-        decoupled_lr=args.decoupled_lr,
-        decoupled_min_lr=args.decoupled_min_lr,
-        weight_decay=args.weight_decay,
-        adam_beta1=args.adam_beta1,
-        adam_beta2=args.adam_beta2,
-        adam_eps=args.adam_eps,
-        sgd_momentum=args.sgd_momentum,
-        clip_grad=args.clip_grad,
-        fp16=args.fp16,
-        bf16=args.bf16,
-        params_dtype=params_dtype(args),
-        loss_scale=args.loss_scale,
-        initial_loss_scale=args.initial_loss_scale,
-        min_loss_scale=args.min_loss_scale,
-        loss_scale_window=args.loss_scale_window,
-        hysteresis=args.hysteresis,
-        use_distributed_optimizer=args.use_distributed_optimizer,
+        decoupled_lr=schedule.decoupled_lr,
+        decoupled_min_lr=schedule.decoupled_min_lr,
+        weight_decay=optim.weight_decay,
+        adam_beta1=optim.adam_beta1,
+        adam_beta2=optim.adam_beta2,
+        adam_eps=optim.adam_eps,
+        sgd_momentum=optim.sgd_momentum,
+        clip_grad=optim.clip_grad,
+        fp16=precision.fp16,
+        bf16=precision.bf16,
+        params_dtype=params_dtype(precision),
+        loss_scale=optim.loss_scale,
+        initial_loss_scale=optim.initial_loss_scale,
+        min_loss_scale=optim.min_loss_scale,
+        loss_scale_window=optim.loss_scale_window,
+        hysteresis=optim.hysteresis,
+        use_distributed_optimizer=distributed.use_distributed_optimizer,
         overlap_param_gather_with_optimizer_step=False,
-        log_num_zeros_in_grad=args.log_num_zeros_in_grad,
+        log_num_zeros_in_grad=logging.log_num_zeros_in_grad,
         barrier_with_L1_time=False,
     )
 
 
-def ddp_config(args: argparse.Namespace) -> DistributedDataParallelConfig:
+def ddp_config(
+    distributed: DistributedSection, precision: MixedPrecisionSection, training: TrainingSection, fsdp: FsdpSection
+) -> DistributedDataParallelConfig:
     # bf16 reduces gradients in fp32 unless --grad-reduce-in-bf16 (validation.py derives it).
     return release_config(  # less the fields an older megatron-core lacks
         DistributedDataParallelConfig,
         dict(
-            grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
-            average_in_collective=args.ddp_average_in_collective,
-            overlap_grad_reduce=args.overlap_grad_reduce,
-            overlap_param_gather=args.overlap_param_gather,
-            use_distributed_optimizer=args.use_distributed_optimizer,
-            check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
-            bucket_size=args.ddp_bucket_size,
+            grad_reduce_in_fp32=precision.accumulate_allreduce_grads_in_fp32,
+            average_in_collective=distributed.ddp_average_in_collective,
+            overlap_grad_reduce=distributed.overlap_grad_reduce,
+            overlap_param_gather=distributed.overlap_param_gather,
+            use_distributed_optimizer=distributed.use_distributed_optimizer,
+            check_for_nan_in_grad=training.check_for_nan_in_loss_and_grad,
+            bucket_size=distributed.ddp_bucket_size,
             # Megatron-FSDP (training/fsdp.py); megatron-core's DDP reads none of these
-            use_megatron_fsdp=args.use_megatron_fsdp,
-            use_custom_fsdp=args.use_megatron_fsdp,
-            data_parallel_sharding_strategy=args.data_parallel_sharding_strategy,
-            gradient_reduce_div_fusion=args.gradient_reduce_div_fusion,
-            suggested_communication_unit_size=args.suggested_communication_unit_size,
+            use_megatron_fsdp=fsdp.use_megatron_fsdp,
+            use_custom_fsdp=fsdp.use_megatron_fsdp,
+            data_parallel_sharding_strategy=fsdp.data_parallel_sharding_strategy,
+            gradient_reduce_div_fusion=fsdp.gradient_reduce_div_fusion,
+            suggested_communication_unit_size=fsdp.suggested_communication_unit_size,
         ),
     )

@@ -12,7 +12,6 @@ checkpointing.py inside its atomic save). FSDP2's are ``torch_dist``, loaded in 
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Any
 
@@ -20,9 +19,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallelConfig
 
-from megatron_npu.training.config import ddp_config
 from megatron_npu.training.fsdp_args import MEGATRON_FSDP_FORMAT
+from megatron_npu.training.sections import FsdpSection
 
 __all__ = [
     "MEGATRON_FSDP_FORMAT",
@@ -38,7 +38,7 @@ __all__ = [
 FSDP_DTENSOR_METADATA = {"distrib_optim_sharding_type": "fsdp_dtensor"}
 
 
-def wrap_megatron_fsdp(chunks: list, config: Any, args: argparse.Namespace, device: torch.device) -> list:
+def wrap_megatron_fsdp(chunks: list, config: Any, ddp: DistributedDataParallelConfig, device: torch.device) -> list:
     """Each chunk in Megatron-FSDP: its TransformerLayers are the units whose weights are
     gathered just in time (optim_grads_params); parameters, gradients and optimizer state are
     sharded over the data-parallel group as ``--data-parallel-sharding-strategy`` says."""
@@ -46,29 +46,29 @@ def wrap_megatron_fsdp(chunks: list, config: Any, args: argparse.Namespace, devi
     from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
 
     return [
-        FullyShardedDataParallel(
-            config=config, ddp_config=ddp_config(args), module=chunk, disable_bucketing=i > 0, device=device
-        )
+        FullyShardedDataParallel(config=config, ddp_config=ddp, module=chunk, disable_bucketing=i > 0, device=device)
         for i, chunk in enumerate(chunks)
     ]
 
 
-def wrap_torch_fsdp2(chunks: list, config: Any, args: argparse.Namespace) -> list:
+def wrap_torch_fsdp2(chunks: list, config: Any, section: FsdpSection) -> list:
     """Each chunk under torch's ``fully_shard`` (its layers and embeddings, then the whole chunk)."""
     from megatron.core.distributed import TorchFullyShardedDataParallel, TorchFullyShardedDataParallelConfig  # 0.13+
 
-    fsdp2_config = TorchFullyShardedDataParallelConfig(reshard_after_forward=args.torch_fsdp2_reshard_after_forward)
+    fsdp2_config = TorchFullyShardedDataParallelConfig(reshard_after_forward=section.torch_fsdp2_reshard_after_forward)
     return [
         TorchFullyShardedDataParallel(config=config, ddp_config=fsdp2_config, module=chunk, disable_bucketing=i > 0)
         for i, chunk in enumerate(chunks)
     ]
 
 
-def wrap(chunks: list, config: Any, args: argparse.Namespace, device: torch.device) -> list:
-    """The chunks in the FSDP implementation the flags name."""
-    if args.use_megatron_fsdp:
-        return wrap_megatron_fsdp(chunks, config, args, device)
-    return wrap_torch_fsdp2(chunks, config, args)
+def wrap(
+    chunks: list, config: Any, ddp: DistributedDataParallelConfig, section: FsdpSection, device: torch.device
+) -> list:
+    """The chunks in the FSDP implementation the section names (``ddp``: Megatron-FSDP's config)."""
+    if section.use_megatron_fsdp:
+        return wrap_megatron_fsdp(chunks, config, ddp, device)
+    return wrap_torch_fsdp2(chunks, config, section)
 
 
 def fsdp_dtensor_state(model: list, optimizer: Any, scheduler: Any, *, optim: bool, loading: bool) -> dict[str, Any]:

@@ -107,7 +107,7 @@ class Trainer:
             self.train_iters,
             writer=metrics_writer(settings),
             flops=ModelFlops(settings.model, settings.data.seq_length, settings.padded_vocab_size),
-            params_dtype=params_dtype(settings),
+            params_dtype=params_dtype(settings.precision),
             moe=moe,
         )
 

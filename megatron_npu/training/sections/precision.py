@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from .base import Section
+from .base import Section, spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,3 +35,6 @@ class MixedPrecisionSection(Section):
 
     fp16_lm_cross_entropy: bool = False
     """Compute the LM head's unreduced cross-entropy loss in fp16."""
+
+    params_dtype: Literal["float32", "float16", "bfloat16"] = spec("float32", derived=True)
+    """The parameters' dtype, from --fp16 / --bf16 (validation derives it; no flag)."""
