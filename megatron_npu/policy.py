@@ -30,78 +30,53 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Outcome = Literal["refused", "ignored", "mapped"]
-#: "device": impossible on Ascend in any trainer (upstream Megatron-LM's too);
-#: "trainer": this project's trainer does not have it (Megatron-LM's own may).
-Scope = Literal["device", "trainer"]
-MigrateAction = Literal["drop", "ask", "rewrite", "replace", "note", ""]
+# The row type and the error live in fates.py (the sections' fields carry rows too); re-exported here.
+from .fates import (
+    CUDA_GRAPH,
+    DEEPEP,
+    DROP,
+    FALSE,
+    GC,
+    NO_HISTORY,
+    TE,
+    TRUE,
+    Accepted,
+    ConfigError,
+    FlagPolicy,
+    MigrateAction,
+    Outcome,
+    Scope,
+    check_value,
+    takes,
+    value_str,
+)
+from .training.sections import TOKENIZER_TYPES, field_policies
+
+__all__ = [
+    "DEVICE_REFUSED",
+    "ENV_POLICY",
+    "FLAG_POLICY",
+    "IGNORED",
+    "MIGRATED",
+    "NO_EFFECT_ARGS",
+    "REFUSED",
+    "TOKENIZER_TYPES",
+    "Accepted",
+    "ConfigError",
+    "EnvPolicy",
+    "FlagPolicy",
+    "MigrateAction",
+    "Outcome",
+    "Scope",
+    "check_value",
+    "env_policy",
+    "flag_policy",
+    "ignored_reason",
+    "refusal_for",
+    "value_str",
+]
+
 EnvAction = Literal["rename", "convert", "comment", "keep"]
-
-
-class ConfigError(ValueError):
-    """A bad configuration; the message names the flags to change."""
-
-
-@dataclass(frozen=True)
-class Accepted:
-    """How pretrain_gpt.py's parser takes an ignored flag that nothing else reads: Megatron-LM
-    core_v0.16.1's action, type and default (training/arguments.py adds one argument per row)."""
-
-    action: Literal["store_true", "store_false", "store"]
-    type: type | None = None
-    default: Any = None
-    nargs: str | None = None
-
-    def argparse_kwargs(self) -> dict[str, Any]:
-        if self.action != "store":
-            return {"action": self.action}
-        kwargs: dict[str, Any] = {"type": self.type, "default": self.default}
-        if self.nargs is not None:
-            kwargs.update(nargs=self.nargs, default=list(self.default or ()))
-        return kwargs
-
-
-_TRUE = Accepted("store_true")
-_FALSE = Accepted("store_false")
-
-
-def _takes(kind: type, default: Any = None, nargs: str | None = None) -> Accepted:
-    return Accepted("store", kind, default, nargs)
-
-
-@dataclass(frozen=True)
-class FlagPolicy:
-    """What happens to one Megatron-LM flag (an option string or an fnmatch pattern)."""
-
-    flag: str
-    outcome: Outcome
-    reason: str
-    alternative: str = ""
-    #: refused: the values still accepted (None: refused whenever given);
-    #: mapped: the values the mapping is about (None: any).
-    allowed: tuple[str, ...] | None = None
-    migrate: MigrateAction = ""
-    #: migrate's rule name (reports, ``--list-rules``); "" for rows migrate copies.
-    name: str = ""
-    rewrite: str = ""  # migrate="rewrite": "old=new"; migrate="replace": the flag given instead
-    takes_value: bool = False  # migrate drops the flag's value with it
-    scope: Scope = "trainer"
-    #: ignored: how the trainer's parser accepts the flag, where no other argument defines it
-    accepted: Accepted | None = None
-
-    @property
-    def is_pattern(self) -> bool:
-        return any(c in self.flag for c in "*?[")
-
-    def matches(self, flag: str) -> bool:
-        return fnmatch.fnmatchcase(flag, self.flag) if self.is_pattern else flag == self.flag
-
-    def message(self, given: str | None = None, value: Any = None) -> str:
-        """The trainer's one-line refusal: ``--flag [value] is not supported: why; instead``."""
-        what = given or self.flag
-        if self.allowed is not None and value is not None:
-            what = f"{what} {value_str(value)}"
-        return f"{what} is not supported: {self.reason}; {self.alternative}"
 
 
 @dataclass(frozen=True)
@@ -133,34 +108,18 @@ class EnvPolicy:
         return max(low, min(high, value)) // step * step
 
 
-# The --tokenizer-type values megatron_npu.data.tokenizers.build_tokenizer implements: those
-# megatron-core 0.16.1's tokenizer builder makes, as Megatron-LM core_v0.16.1 (the Bert ones fetch
-# their vocabulary from the hub, TikTokenizer needs tiktoken). Megatron-LM's Multimodal, SFT and
-# NullMultimodal types are for its multimodal / SFT scripts, not GPT pretraining.
-TOKENIZER_TYPES: tuple[str, ...] = (
-    "NullTokenizer",
-    "SentencePieceTokenizer",
-    "GPTSentencePieceTokenizer",
-    "Llama2Tokenizer",
-    "HuggingFaceTokenizer",
-    "GPT2BPETokenizer",
-    "BertWordPieceLowerCase",
-    "BertWordPieceCase",
-    "TikTokenizer",
-)
-
-_TE = "Transformer Engine is CUDA-only"
+_TE = TE
 _FP8 = "Ascend 910B has no fp8/fp4 compute"
-_CUDA_GRAPH = "CUDA graphs are CUDA-only"
+_CUDA_GRAPH = CUDA_GRAPH
 _TP_OVERLAP = f"TP communication/GEMM overlap uses TE userbuffers ({_TE})"
 _MOE = "this MoE option is not supported by this trainer"
-_DEEPEP = "the flex dispatcher runs on DeepEP / HybridEP, CUDA-only kernels"
+_DEEPEP = DEEPEP
 _FSDP = "hybrid sharding (HSDP) and FSDP buffer registration are not supported by this trainer"
 _FSDP_INSTEAD = "use --use-megatron-fsdp or --use-torch-fsdp2 without it"
-_DROP = "drop the flag"
+_DROP = DROP
 _BF16 = "use --bf16"
-_GC = "the trainer keeps Python's default garbage collector"
-_NO_HISTORY = "no allocator history is recorded"
+_GC = GC
+_NO_HISTORY = NO_HISTORY
 
 
 def _refused(
@@ -195,32 +154,12 @@ def _mapped(flag: str, name: str, reason: str, allowed: tuple[str, ...] | None =
     return FlagPolicy(flag, "mapped", reason, allowed=allowed, migrate="note", name=name)
 
 
+# The rows of the flags that are not settings fields (a field carries its own: sections/*.py).
 # Exact rows before patterns within each outcome: flag_policy() returns the first match.
-FLAG_POLICY: tuple[FlagPolicy, ...] = (
+_NOT_FIELDS: tuple[FlagPolicy, ...] = (
     # ---- refused ---------------------------------------------------------------------
-    _device(
-        "--transformer-impl",
-        _TE,
-        "use --transformer-impl local (the default; `megatron-npu migrate` rewrites it)",
-        ("local",),
-        migrate="rewrite",
-        name="transformer-impl",
-        rewrite="transformer_engine=local",
-    ),
-    _refused(
-        "--ckpt-format",
-        "only the torch_dist distributed checkpoint format (and fsdp_dtensor under --use-megatron-fsdp) is supported",
-        "use --ckpt-format torch_dist (the default)",
-        ("torch_dist", "fsdp_dtensor"),
-    ),
     # MoE: megatron-core's router, dispatchers and experts run as they are; what needs CUDA-only
     # kernels (DeepEP, TE's fused permutation and router) is refused, with the unfused alternative.
-    _device(
-        "--moe-token-dispatcher-type",
-        _DEEPEP,
-        "use --moe-token-dispatcher-type alltoall (or allgather)",
-        ("allgather", "alltoall"),
-    ),
     _device("--moe-enable-deepep", _DEEPEP, "use --moe-token-dispatcher-type alltoall"),
     _device("--moe-flex-dispatcher-backend", _DEEPEP, "use --moe-token-dispatcher-type alltoall"),
     _device(
@@ -240,9 +179,6 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     _refused("--moe-use-legacy-grouped-gemm", _MOE, "use --moe-grouped-gemm"),
     _refused("--moe-*", _MOE),
     # CUDA graphs and TE's TP overlap are optimisations: migrate drops them (same math).
-    _device(
-        "--cuda-graph-impl", _CUDA_GRAPH, _DROP, ("none",), migrate="drop", name="cuda-graph-impl", takes_value=True
-    ),
     _device("--cuda-graph-scope", _CUDA_GRAPH, migrate="drop", name="cuda-graph-scope", takes_value=True),
     _device("--cuda-graph-warmup-steps", _CUDA_GRAPH, migrate="drop", name="cuda-graph-warmup", takes_value=True),
     _device("--enable-cuda-graph", _CUDA_GRAPH, migrate="drop", name="cuda-graph"),
@@ -271,28 +207,6 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
         "use --use-megatron-fsdp",
     ),
     _refused("--spec", "this trainer builds the GPT layer spec itself"),
-    _refused(
-        "--use-tp-pp-dp-mapping",
-        "rank maps, rank tables and checks assume megatron-core's default order",
-        "drop it (the order is tp-cp-ep-dp-pp)",
-    ),
-    _refused(
-        "--pretrained-checkpoint", "loading from a second checkpoint root is not supported", "use --load DIR --finetune"
-    ),
-    _refused("--iterations-to-skip", "skipping chosen iterations is not supported"),
-    _refused(
-        "--dataloader-type",
-        "an external data loader needs code this trainer does not have",
-        "use --dataloader-type single (the default) or cyclic",
-        ("single", "cyclic"),
-    ),
-    _device("--apply-layernorm-1p", "zero-centered-gamma norms need Transformer Engine"),
-    _refused(
-        "--num-distributed-optimizer-instances",
-        "one distributed-optimizer instance per DP group only",
-        "use --num-distributed-optimizer-instances 1 (the default)",
-        ("1",),
-    ),
     _refused("--use-legacy-models", "legacy (non-megatron-core) models are gone; megatron-core models are always used"),
     _refused(
         "--overlap-param-gather-with-optimizer-step",
@@ -532,101 +446,47 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
         device=True,
     ),
     # ---- ignored: accepted, no effect (args.ignored_flags; the trainer prints each once) --
-    _ignored("--use-mcore-models", "megatron-core models are always used"),
-    _ignored("--no-async-tensor-model-parallel-allreduce", "deprecated in Megatron-LM; no effect"),
-    _ignored("--use-dist-ckpt", "deprecated in Megatron-LM; --ckpt-format torch_dist is always distributed"),
-    _ignored("--dist-ckpt-format", "deprecated in Megatron-LM; see --ckpt-format"),
-    _ignored("--ckpt-fully-parallel-save", "deprecated in Megatron-LM; fully parallel save is the default"),
-    _ignored("--no-persist-layer-norm", "there is no persistent layer-norm kernel on this target"),
-    _ignored("--manual-gc", _GC),
-    _ignored("--manual-gc-interval", _GC),
-    _ignored("--no-manual-gc-eval", _GC),
-    FlagPolicy(
-        "--attention-backend",
-        "ignored",
-        "this trainer's attention is its local one, fused (npu_fusion_attention on NPU) under --use-flash-attn; "
-        "`megatron-npu migrate` rewrites --attention-backend fused / flash to it",
-        allowed=("fused", "flash"),
-        migrate="replace",
-        name="attention-backend",
-        rewrite="--use-flash-attn",
-        takes_value=True,
-    ),
-    _ignored(
-        "--use-checkpoint-args", "model arguments are not read back from the checkpoint; pass them on the command line"
-    ),
-    _ignored("--use-mp-args-from-checkpoint-args", "parallel sizes are not read back from the checkpoint"),
-    _ignored("--no-create-attention-mask-in-dataloader", "the causal mask is built by the attention kernel"),
-    _ignored("--empty-unused-memory-level", "the device allocator cache is not emptied per iteration"),
-    _ignored("--log-energy", "energy counters are CUDA-only"),
-    _ignored("--log-params-norm", "the parameter norm is not computed; the grad norm is logged"),
-    _ignored(
-        "--log-timers-to-tensorboard", "timers go to LOG_DIR/timers/*.jsonl (--timing-log-level 1), not TensorBoard"
-    ),
-    _ignored("--log-memory-to-tensorboard", "memory is not logged to TensorBoard"),
-    _ignored("--log-world-size-to-tensorboard", "the world size is in LOG_DIR/args.json"),
-    _ignored("--log-validation-ppl-to-tensorboard", "validation perplexity is always written to TensorBoard"),
-    _ignored("--no-log-loss-scale-to-tensorboard", "the loss scale is always written to TensorBoard"),
-    _ignored("--check-for-spiky-loss", "the rerun state machine's spiky-loss check is not wired"),
-    _ignored("--check-for-large-grads", "the rerun state machine's large-gradient check is not wired"),
-    _ignored("--save-retain-interval", "every saved checkpoint is kept"),
-    _ignored("--record-memory-history", _NO_HISTORY),
-    _ignored("--memory-snapshot-path", _NO_HISTORY),
-    _ignored("--ckpt-fully-parallel-load", "loads use megatron-core's default strategy"),
     _ignored(
         "--dist-ckpt-optim-fully-reshardable",
         "the distributed optimizer's state is always saved fully reshardable (loadable under any TP / PP / DP)",
-        _TRUE,
+        TRUE,
     ),
-    _ignored("--ckpt-assume-constant-structure", "each save builds its plan afresh"),
-    _ignored("--log-progress", "progress is the iteration line and LOG_DIR/metrics.jsonl"),
-    _ignored("--logging-level", "the trainer prints on rank 0 / the last rank only"),
-    _ignored(
-        "--no-barrier-with-level-1-timing", "per-rank timers never barrier: each rank's own waits are what they show"
-    ),
-    _ignored("--train-sync-interval", "the host synchronises with the device once per iteration (for the timers)"),
-    _ignored("--check-weight-hash-across-dp-replicas-interval", "DP replicas are not hashed"),
-    _ignored("--ddp-num-buckets", "use --ddp-bucket-size"),
-    _ignored("--ddp-pad-buckets-for-high-nccl-busbw", "an NCCL bus-bandwidth tuning; not applied"),
-    _ignored("--disable-async-tensor-model-parallel-allreduce", "deprecated in Megatron-LM; no effect"),
-    _ignored("--disable-manual-gc-eval", _GC),
-    _ignored("--disable-log-loss-scale-to-tensorboard", "the loss scale is always written to TensorBoard"),
     # ---- ignored, and defined by this table alone: the trainer's parser takes each as
     # Megatron-LM core_v0.16.1 does (``accepted``), into args.no_effect_<name> ----------
     *(
         _ignored(flag, "one_logger and its application tags are NVIDIA's internal telemetry; not used", accepted)
         for flag, accepted in (
-            ("--no-one-logger", _FALSE),
-            ("--one-logger-async", _TRUE),
-            ("--one-logger-project", _takes(str, "megatron-lm")),
-            ("--one-logger-run-name", _takes(str)),
-            ("--app-tag-run-name", _takes(str)),
-            ("--app-tag-run-version", _takes(str, "0.0.0")),
+            ("--no-one-logger", FALSE),
+            ("--one-logger-async", TRUE),
+            ("--one-logger-project", takes(str, "megatron-lm")),
+            ("--one-logger-run-name", takes(str)),
+            ("--app-tag-run-name", takes(str)),
+            ("--app-tag-run-version", takes(str, "0.0.0")),
         )
     ),
-    _ignored("--disable-msc", "the Multi-Storage Client is not used; paths are local files", _FALSE),
+    _ignored("--disable-msc", "the Multi-Storage Client is not used; paths are local files", FALSE),
     _ignored(
         "--config-logger-dir",
         "entry-point configs are not dumped; the arguments are in LOG_DIR/args.json",
-        _takes(str, ""),
+        takes(str, ""),
     ),
     _ignored(
         "--disable-clone-scatter-output-in-embedding",
         "a memory-only option; the embedding output is cloned (megatron-core's default)",
-        _FALSE,
+        FALSE,
     ),
-    _ignored("--disable-gloo-process-groups", "megatron-core's gloo groups are kept", _FALSE),
-    _ignored("--disable-ckpt-fully-parallel-save", "saves use megatron-core's default strategy", _FALSE),
+    _ignored("--disable-gloo-process-groups", "megatron-core's gloo groups are kept", FALSE),
+    _ignored("--disable-ckpt-fully-parallel-save", "saves use megatron-core's default strategy", FALSE),
     *(
         _ignored(flag, "an NCCL communicator tuning; not applied", accepted)
         for flag, accepted in (
-            ("--disable-symmetric-registration", _TRUE),
-            ("--create-all-gather-group", _TRUE),
-            ("--high-priority-stream-groups", _takes(str, (), "*")),
+            ("--disable-symmetric-registration", TRUE),
+            ("--create-all-gather-group", TRUE),
+            ("--high-priority-stream-groups", takes(str, (), "*")),
         )
     ),
     *(
-        _ignored(flag, "the tokenizer is never read back from the checkpoint", _FALSE)
+        _ignored(flag, "the tokenizer is never read back from the checkpoint", FALSE)
         for flag in (
             "--no-use-tokenizer-model-from-checkpoint-args",
             "--disable-use-tokenizer-model-from-checkpoint-args",
@@ -635,11 +495,11 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
     _ignored(
         "--exit-signal-handler-for-dataloader",
         "data-loader workers always ignore the exit signal; the main process saves and exits",
-        _TRUE,
+        TRUE,
     ),
-    _ignored("--log-device-memory-used", "device memory through nvidia-smi is CUDA-only", _TRUE),
-    _ignored("--log-max-attention-logit", "the largest attention logit is not computed", _TRUE),
-    _ignored("--log-memory-interval", "memory is not reported at an interval", _takes(int)),
+    _ignored("--log-device-memory-used", "device memory through nvidia-smi is CUDA-only", TRUE),
+    _ignored("--log-max-attention-logit", "the largest attention logit is not computed", TRUE),
+    _ignored("--log-memory-interval", "memory is not reported at an interval", takes(int)),
     # MindSpeed-LLM's fused-op switches (mindspeed_llm/training/arguments.py, _add_fusion_op_args): not
     # Megatron-LM flags; here the fused kernel is chosen by the model's own flags, so migrate drops them.
     *(
@@ -676,19 +536,7 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
         )
     ),
     # ---- mapped: honoured by the Ascend counterpart ------------------------------------
-    FlagPolicy(
-        "--distributed-backend",
-        "mapped",
-        "the accelerator runs the collectives: nccl (Megatron-LM's default) is HCCL on Ascend, gloo on the cpu target",
-        migrate="rewrite",
-        name="backend",
-        rewrite="nccl=hccl",
-    ),
-    _mapped("--use-flash-attn", "flash-attn", "runs as torch_npu.npu_fusion_attention on NPU"),
-    _mapped("--apply-rope-fusion", "rope-fusion", "runs as torch_npu.npu_rotary_mul on NPU"),
-    _mapped("--swiglu", "swiglu", "the SwiGLU activation runs as torch_npu.npu_swiglu on NPU"),
     _mapped("--*bias-swiglu-fusion", "bias-swiglu-fusion", "runs as torch_npu.npu_swiglu on NPU"),
-    _mapped("--normalization", "rmsnorm", "RMSNorm runs as torch_npu.npu_rms_norm on NPU", ("RMSNorm",)),
     _mapped(
         "--*gradient-accumulation-fusion",
         "grad-acc-fusion",
@@ -700,6 +548,9 @@ FLAG_POLICY: tuple[FlagPolicy, ...] = (
         "pretrain_gpt.py uses the CUDA masked-softmax kernel only where it imports; unfused on NPU",
     ),
 )
+
+#: The one table: the fields' rows (all exact flags) first, then the others.
+FLAG_POLICY: tuple[FlagPolicy, ...] = (*field_policies(), *_NOT_FIELDS)
 
 REFUSED: tuple[FlagPolicy, ...] = tuple(p for p in FLAG_POLICY if p.outcome == "refused")
 #: The refusals any trainer on Ascend makes (upstream Megatron-LM's included).
@@ -780,13 +631,6 @@ ENV_POLICY: tuple[EnvPolicy, ...] = (
 )
 
 
-def value_str(value: Any) -> str:
-    """A flag's value as the command line spells it (lists space-separated)."""
-    if isinstance(value, (list, tuple)):
-        return " ".join(str(v) for v in value)
-    return str(value)
-
-
 def flag_policy(flag: str) -> FlagPolicy | None:
     """The row for an option string (``--x`` or ``--x=v``): exact rows first, then patterns."""
     name = flag.split("=", 1)[0]
@@ -811,10 +655,3 @@ def ignored_reason(flag: str) -> str | None:
 def env_policy(variable: str) -> EnvPolicy | None:
     """The mapping of a CUDA/NCCL variable (first match: exact rows precede prefix rows)."""
     return next((p for p in ENV_POLICY if p.matches(variable)), None)
-
-
-def check_value(policy: FlagPolicy, value: Any) -> None:
-    """Raise ConfigError when a refused flag with allowed values has another value (None: unset)."""
-    if policy.outcome == "refused" and policy.allowed is not None and value is not None:
-        if value_str(value) not in policy.allowed:
-            raise ConfigError(policy.message(policy.flag, value))

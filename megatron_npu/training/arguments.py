@@ -50,6 +50,7 @@ from .sections import (
     TokenizerSection,
     TrainingSection,
     add_section_arguments,
+    field_fates,
 )
 from .settings import Settings
 from .validation import validate_args
@@ -300,7 +301,7 @@ def parse_args(
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     _apply_defaults(args, args_defaults)
-    _check_value_refusals(args)
+    _check_field_refusals(args, set(given) | set(yaml_flags))
     validate_args(args, world_size=world_size, check_paths=check_paths, given=set(given) | set(yaml_flags))
     if check_paths if check_target is None else check_target:
         _check_backend(args)
@@ -335,7 +336,15 @@ def _unrecognized(extra: list[str]) -> str:
     return "unrecognized arguments: " + " ".join(parts) + " (pretrain_gpt.py does not accept them)"
 
 
-def _check_value_refusals(args: argparse.Namespace) -> None:
-    for row in REFUSED:
-        if row.allowed is not None and row.flag in FLAG_DESTS:
-            check_value(row, getattr(args, FLAG_DESTS[row.flag]))  # None: not given, a default follows
+def _check_field_refusals(args: argparse.Namespace, given: set[str]) -> None:
+    """The refusals the sections' fields carry, after parsing (inside argparse, its own text would prefix
+    the policy's message): a refused value, or a refused flag given at all."""
+    for section, _ in PARSER_GROUPS:
+        for dest, rows in field_fates(section).items():
+            for row in rows:
+                if row.outcome != "refused":
+                    continue
+                if row.allowed is not None:
+                    check_value(row, getattr(args, dest))  # None: not given, a default follows
+                elif row.flag in given:
+                    raise ConfigError(row.message(row.flag))

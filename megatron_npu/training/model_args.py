@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..policy import ConfigError
+from ..fates import ConfigError
 
 
 def tuple_type(value: str) -> tuple[int, ...]:

@@ -255,3 +255,45 @@ def test_preprocessing_takes_the_tokenizer_sections_flags():
         flags, kwargs = argument_spec(sections.TokenizerSection, field)
         ours.add((tuple(flags), field.name, repr(kwargs["default"])))
     assert theirs == ours
+
+
+def test_a_flag_that_is_a_field_carries_its_fate_and_the_policy_keeps_only_the_others():
+    from megatron_npu import policy
+    from megatron_npu.training.sections import ALL_SECTIONS, field_fates
+
+    field_flags = set()
+    for section in ALL_SECTIONS:
+        for field in flag_fields(section):
+            flags, _ = argument_spec(section, field)
+            opposite = field.metadata.get("opposite")
+            field_flags |= set(flags) | ({opposite[0]} if opposite else set())
+            for row in field_fates(section).get(field.name, ()):
+                assert row.flag in flags or (opposite and row.flag == opposite[0]), (field.name, row.flag)
+    own = [row.flag for row in policy._NOT_FIELDS if not row.is_pattern and row.accepted is None]
+    assert [flag for flag in own if flag in field_flags] == [], "a field's fate belongs on the field"
+    assert {row.flag for row in policy.FLAG_POLICY} >= {"--transformer-impl", "--manual-gc", "--fp8-format"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--transformer-impl", "transformer_engine"],
+            "--transformer-impl transformer_engine is not supported: Transformer Engine is CUDA-only; use "
+            "--transformer-impl local (the default; `megatron-npu migrate` rewrites it)",
+        ),
+        (
+            ["--use-tp-pp-dp-mapping"],
+            "--use-tp-pp-dp-mapping is not supported: rank maps, rank tables and checks assume megatron-core's "
+            "default order; drop it (the order is tp-cp-ep-dp-pp)",
+        ),
+        (
+            ["--apply-layernorm-1p"],
+            "--apply-layernorm-1p is not supported: zero-centered-gamma norms need Transformer Engine; drop the flag",
+        ),
+    ],
+)
+def test_a_refused_field_is_refused_after_parsing_in_the_policys_words(flags, message):
+    with pytest.raises(ConfigError) as error:
+        parse_args([*ARGV, *flags], world_size=1)
+    assert str(error.value) == message

@@ -5,7 +5,8 @@ type, a doc string per field: base.py). ``Settings`` (settings.py) holds the bui
 Megatron-LM's flat ``args.<dest>`` view; components take their own section, not the namespace.
 """
 
-from .base import EXTENSION, Section, add_section_arguments, field_docs, flag_fields
+from .base import EXTENSION, Section, add_section_arguments, field_docs, field_fates, flag_fields
+from .base import field_policies as _field_policies
 from .checkpoint import CheckpointSection
 from .data import DataSection
 from .distributed import DistributedSection
@@ -19,11 +20,39 @@ from .optimizer import OptimizerSection
 from .precision import MixedPrecisionSection
 from .profiling import ProfilingSection
 from .schedule import ScheduleSection
-from .tokenizer import TokenizerSection
+from .tokenizer import TOKENIZER_TYPES, TokenizerSection
 from .training import ReplacedFlags, TrainingSection
 
+#: Every section, in the parser's order (Megatron-LM's groups); ``ReplacedFlags`` is parsed, never held.
+ALL_SECTIONS: tuple[type[Section], ...] = (
+    ModelSection,
+    OptimizerSection,
+    ScheduleSection,
+    TrainingSection,
+    ReplacedFlags,
+    InitSection,
+    CheckpointSection,
+    MixedPrecisionSection,
+    DistributedSection,
+    DataSection,
+    TokenizerSection,
+    LoggingSection,
+    ProfilingSection,
+    MiscSection,
+    MoeSection,
+    FsdpSection,
+)
+
+
+def field_policies() -> tuple:
+    """The ``FlagPolicy`` rows the sections' fields carry (``policy.FLAG_POLICY`` joins them to its own)."""
+    return _field_policies(ALL_SECTIONS)
+
+
 __all__ = [
+    "ALL_SECTIONS",
     "EXTENSION",
+    "TOKENIZER_TYPES",
     "CheckpointSection",
     "DataSection",
     "DistributedSection",
@@ -43,5 +72,7 @@ __all__ = [
     "TrainingSection",
     "add_section_arguments",
     "field_docs",
+    "field_fates",
+    "field_policies",
     "flag_fields",
 ]

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal, TypeVar
 
+from ...fates import FlagPolicy
+
 EXTENSION = "[megatron-npu extension] "
 
 S = TypeVar("S", bound="Section")
@@ -40,6 +42,7 @@ def spec(
     derived: bool = False,
     opposite: tuple[str, str] | None = None,
     env_default: str | None = None,
+    fates: tuple[FlagPolicy, ...] = (),
     **argparse_kwargs: Any,
 ) -> Any:
     """A field whose flag differs from what its name and type say.
@@ -49,14 +52,19 @@ def spec(
     or another argument sets it). ``opposite``: ``(flag, help)`` of a second switch into the same
     dest that sets the other boolean (a legacy spelling). ``env_default``: the environment variable
     whose integer value, when set as the parser is built, is the default (``--local-rank``).
+    ``fates``: what this project does with the field's flags (refused values, ignored, mapped on
+    Ascend), one ``FlagPolicy`` row per option string; ``policy.py`` joins them to its own table.
     ``argparse_kwargs`` replace what the annotation infers.
     """
+    for row in fates:
+        assert not row.is_pattern, f"{row.flag}: a field's fate names one of its option strings"
     metadata = {
         "flags": flags,
         "extension": extension,
         "derived": derived,
         "opposite": opposite,
         "env_default": env_default,
+        "fates": fates,
         "argparse": argparse_kwargs,
     }
     if isinstance(default, (list, dict, set)):
@@ -169,3 +177,15 @@ def add_section_arguments(parser: argparse.ArgumentParser, section: type[Section
             flag, help_text = field.metadata["opposite"]
             action = "store_true" if field.default is True else "store_false"
             group.add_argument(flag, action=action, dest=field.name, help=help_text)
+
+
+def field_policies(sections: tuple[type[Section], ...]) -> tuple[FlagPolicy, ...]:
+    """The fates the fields of ``sections`` carry, in their order."""
+    return tuple(
+        row for section in sections for f in dataclasses.fields(section) for row in f.metadata.get("fates", ())
+    )
+
+
+def field_fates(section: type[Section]) -> dict[str, tuple[FlagPolicy, ...]]:
+    """dest -> the rows of the field's flags, for the fields of ``section`` that carry any."""
+    return {f.name: f.metadata["fates"] for f in dataclasses.fields(section) if f.metadata.get("fates")}

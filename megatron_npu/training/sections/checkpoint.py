@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ...fates import FlagPolicy
 from .base import Section, spec
 
 
@@ -18,7 +19,9 @@ class CheckpointSection(Section):
     save_interval: int | None = spec(None, "--save-interval", "--persistent-save-interval")
     """Number of iterations between persistent checkpoint saves."""
 
-    save_retain_interval: int | None = None
+    save_retain_interval: int | None = spec(
+        None, fates=(FlagPolicy("--save-retain-interval", "ignored", "every saved checkpoint is kept"),)
+    )
     """Number of iterations between retained checkpoints (other checkpoints except the last checkpoint are
     automatically deleted).
     """
@@ -43,7 +46,17 @@ class CheckpointSection(Section):
     Assumed when loading a release checkpoint.
     """
 
-    pretrained_checkpoint: str | None = None
+    pretrained_checkpoint: str | None = spec(
+        None,
+        fates=(
+            FlagPolicy(
+                "--pretrained-checkpoint",
+                "refused",
+                "loading from a second checkpoint root is not supported",
+                "use --load DIR --finetune",
+            ),
+        ),
+    )
     """Directory containing a pretrained model checkpoint for finetuning."""
 
     ckpt_step: int | None = None
@@ -54,16 +67,42 @@ class CheckpointSection(Section):
     checkpoint.
     """
 
-    use_checkpoint_args: bool = False
+    use_checkpoint_args: bool = spec(
+        False,
+        fates=(
+            FlagPolicy(
+                "--use-checkpoint-args",
+                "ignored",
+                "model arguments are not read back from the checkpoint; pass them on the command line",
+            ),
+        ),
+    )
     """Override model-related command-line arguments with arguments from checkpoint"""
 
-    use_mp_args_from_checkpoint_args: bool = False
+    use_mp_args_from_checkpoint_args: bool = spec(
+        False,
+        fates=(
+            FlagPolicy(
+                "--use-mp-args-from-checkpoint-args", "ignored", "parallel sizes are not read back from the checkpoint"
+            ),
+        ),
+    )
     """Copy model parallelism command-line arguments from checkpoint"""
 
     exit_on_missing_checkpoint: bool = False
     """If 'load' is set, but checkpoint is not found (e.g., path typo), then exit instead of random initialization."""
 
-    use_dist_ckpt_deprecated: bool = spec(False, "--use-dist-ckpt")
+    use_dist_ckpt_deprecated: bool = spec(
+        False,
+        "--use-dist-ckpt",
+        fates=(
+            FlagPolicy(
+                "--use-dist-ckpt",
+                "ignored",
+                "deprecated in Megatron-LM; --ckpt-format torch_dist is always distributed",
+            ),
+        ),
+    )
     """Deprecated: see --ckpt-format."""
 
     auto_detect_ckpt_format: bool = False
@@ -71,13 +110,36 @@ class CheckpointSection(Section):
     checkpoint iff args.ckpt_format != "torch". Might slow down loading a bit (double rank0 ckpt load).
     """
 
-    dist_ckpt_format_deprecated: str | None = spec(None, "--dist-ckpt-format")
+    dist_ckpt_format_deprecated: str | None = spec(
+        None,
+        "--dist-ckpt-format",
+        fates=(FlagPolicy("--dist-ckpt-format", "ignored", "deprecated in Megatron-LM; see --ckpt-format"),),
+    )
     """Deprecated: see --ckpt-format."""
 
-    ckpt_format: Literal["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"] = "torch_dist"
+    ckpt_format: Literal["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"] = spec(
+        "torch_dist",
+        fates=(
+            FlagPolicy(
+                "--ckpt-format",
+                "refused",
+                "only the torch_dist distributed checkpoint format (and fsdp_dtensor under --use-megatron-fsdp) is supported",
+                "use --ckpt-format torch_dist (the default)",
+                allowed=("torch_dist", "fsdp_dtensor"),
+            ),
+        ),
+    )
     """Checkpoint format: torch_dist, or fsdp_dtensor under --use-megatron-fsdp."""
 
-    ckpt_fully_parallel_save_deprecated: bool = spec(False, "--ckpt-fully-parallel-save")
+    ckpt_fully_parallel_save_deprecated: bool = spec(
+        False,
+        "--ckpt-fully-parallel-save",
+        fates=(
+            FlagPolicy(
+                "--ckpt-fully-parallel-save", "ignored", "deprecated in Megatron-LM; fully parallel save is the default"
+            ),
+        ),
+    )
     """Deprecated: see --no-ckpt-fully-parallel-save."""
 
     ckpt_fully_parallel_save: bool = spec(True, "--no-ckpt-fully-parallel-save")
@@ -85,7 +147,10 @@ class CheckpointSection(Section):
     might decrease the number of files in the checkpoint. Makes DistributedOptimizer checkpoint non-reshardable.
     """
 
-    ckpt_fully_parallel_load: bool = False
+    ckpt_fully_parallel_load: bool = spec(
+        False,
+        fates=(FlagPolicy("--ckpt-fully-parallel-load", "ignored", "loads use megatron-core's default strategy"),),
+    )
     """Apply full load parallelization across DP for distributed checkpoints."""
 
     async_save: bool = False
@@ -94,7 +159,9 @@ class CheckpointSection(Section):
     megatron-core's default forked writer.)
     """
 
-    ckpt_assume_constant_structure: bool = False
+    ckpt_assume_constant_structure: bool = spec(
+        False, fates=(FlagPolicy("--ckpt-assume-constant-structure", "ignored", "each save builds its plan afresh"),)
+    )
     """Assume the checkpoint structure is constant across saves to enable optimizations."""
 
     dist_ckpt_strictness: Literal[

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ...fates import FlagPolicy
 from .base import Section, spec
 
 
@@ -46,7 +47,18 @@ class DataSection(Section):
     num_workers: int = 2
     """Dataloader number of workers."""
 
-    dataloader_type: Literal["single", "cyclic", "external"] | None = None
+    dataloader_type: Literal["single", "cyclic", "external"] | None = spec(
+        None,
+        fates=(
+            FlagPolicy(
+                "--dataloader-type",
+                "refused",
+                "an external data loader needs code this trainer does not have",
+                "use --dataloader-type single (the default) or cyclic",
+                allowed=("single", "cyclic"),
+            ),
+        ),
+    )
     """Single pass vs multiple pass data loader"""
 
     reset_position_ids: bool = False
@@ -58,7 +70,17 @@ class DataSection(Section):
     eod_mask_loss: bool = False
     """Mask loss for the end of document tokens."""
 
-    create_attention_mask_in_dataloader: bool = spec(True, "--no-create-attention-mask-in-dataloader")
+    create_attention_mask_in_dataloader: bool = spec(
+        True,
+        "--no-create-attention-mask-in-dataloader",
+        fates=(
+            FlagPolicy(
+                "--no-create-attention-mask-in-dataloader",
+                "ignored",
+                "the causal mask is built by the attention kernel",
+            ),
+        ),
+    )
     """If set, do not create attention_masks in dataloader."""
 
     num_dataset_builder_threads: int = 1

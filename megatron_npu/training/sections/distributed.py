@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ...fates import CUDA_GRAPH, DROP, TE, FlagPolicy
 from .base import Section, spec
 
 
@@ -35,7 +36,19 @@ class DistributedSection(Section):
     overlap_p2p_comm_warmup_flush: bool = spec(False, "--overlap-p2p-communication-warmup-flush")
     """Overlap communication and computation in the warm-up and flush phases."""
 
-    distributed_backend: Literal["nccl", "hccl", "gloo"] = "nccl"
+    distributed_backend: Literal["nccl", "hccl", "gloo"] = spec(
+        "nccl",
+        fates=(
+            FlagPolicy(
+                "--distributed-backend",
+                "mapped",
+                "the accelerator runs the collectives: nccl (Megatron-LM's default) is HCCL on Ascend, gloo on the cpu target",
+                migrate="rewrite",
+                name="backend",
+                rewrite="nccl=hccl",
+            ),
+        ),
+    )
     """Collective backend; nccl is mapped to the device's backend (hccl on Ascend)."""
 
     distributed_timeout_minutes: float = 10  # Megatron-LM's is int; a fraction lets a test bound a hang in seconds
@@ -54,13 +67,20 @@ class DistributedSection(Section):
     align_grad_reduce: bool = spec(True, "--no-align-grad-reduce")
     """Launch every pipeline stage's gradient reduce at the same time instead of each as needed."""
 
-    ddp_num_buckets: int | None = None
+    ddp_num_buckets: int | None = spec(
+        None, fates=(FlagPolicy("--ddp-num-buckets", "ignored", "use --ddp-bucket-size"),)
+    )
     """Number of buckets for data-parallel communication."""
 
     ddp_bucket_size: int | None = None
     """Bucket size for data-parallel communication."""
 
-    ddp_pad_buckets_for_high_nccl_busbw: bool = False
+    ddp_pad_buckets_for_high_nccl_busbw: bool = spec(
+        False,
+        fates=(
+            FlagPolicy("--ddp-pad-buckets-for-high-nccl-busbw", "ignored", "an NCCL bus-bandwidth tuning; not applied"),
+        ),
+    )
     """Pad each bucket to a multiple of 2^16 (NCCL bus bandwidth at large DP counts)."""
 
     ddp_average_in_collective: bool = False
@@ -81,7 +101,18 @@ class DistributedSection(Section):
     use_distributed_optimizer: bool = False
     """Use distributed optimizer."""
 
-    num_distributed_optimizer_instances: int = 1
+    num_distributed_optimizer_instances: int = spec(
+        1,
+        fates=(
+            FlagPolicy(
+                "--num-distributed-optimizer-instances",
+                "refused",
+                "one distributed-optimizer instance per DP group only",
+                "use --num-distributed-optimizer-instances 1 (the default)",
+                allowed=("1",),
+            ),
+        ),
+    )
     """Number of distributed-optimizer copies across the data-parallel domain."""
 
     context_parallel_size: int = 1
@@ -93,7 +124,17 @@ class DistributedSection(Section):
     hierarchical_context_parallel_sizes: tuple[int, ...] | None = None
     """Degrees of hierarchical context parallelism, one per level (a2a+p2p: the a2a group's, then the p2p's)."""
 
-    use_tp_pp_dp_mapping: bool = False
+    use_tp_pp_dp_mapping: bool = spec(
+        False,
+        fates=(
+            FlagPolicy(
+                "--use-tp-pp-dp-mapping",
+                "refused",
+                "rank maps, rank tables and checks assume megatron-core's default order",
+                "drop it (the order is tp-cp-ep-dp-pp)",
+            ),
+        ),
+    )
     """Order ranks tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp."""
 
     expert_model_parallel_size: int = 1
@@ -102,8 +143,38 @@ class DistributedSection(Section):
     expert_tensor_parallel_size: int | None = None
     """Expert TP; --tensor-model-parallel-size if unset."""
 
-    transformer_impl: Literal["local", "transformer_engine"] = "local"
+    transformer_impl: Literal["local", "transformer_engine"] = spec(
+        "local",
+        fates=(
+            FlagPolicy(
+                "--transformer-impl",
+                "refused",
+                TE,
+                "use --transformer-impl local (the default; `megatron-npu migrate` rewrites it)",
+                allowed=("local",),
+                migrate="rewrite",
+                name="transformer-impl",
+                rewrite="transformer_engine=local",
+                scope="device",
+            ),
+        ),
+    )
     """Transformer implementation; only local (the default here) is supported."""
 
-    cuda_graph_impl: Literal["none", "local", "transformer_engine"] = "none"
+    cuda_graph_impl: Literal["none", "local", "transformer_engine"] = spec(
+        "none",
+        fates=(
+            FlagPolicy(
+                "--cuda-graph-impl",
+                "refused",
+                CUDA_GRAPH,
+                DROP,
+                allowed=("none",),
+                migrate="drop",
+                name="cuda-graph-impl",
+                takes_value=True,
+                scope="device",
+            ),
+        ),
+    )
     """CUDA graph capture implementation (none: no CUDA graph)."""

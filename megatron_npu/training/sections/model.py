@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ...fates import DROP, ConfigError, FlagPolicy
 from ...layout.moe import moe_freq_type
-from ...policy import ConfigError
 from ..model_args import tuple_type
 from .base import Section, spec
 
@@ -48,7 +48,21 @@ class ModelSection(Section):
     num_attention_heads: int | None = None
     """Number of attention heads."""
 
-    attention_backend: Literal["flash", "fused", "unfused", "local", "auto"] = "auto"
+    attention_backend: Literal["flash", "fused", "unfused", "local", "auto"] = spec(
+        "auto",
+        fates=(
+            FlagPolicy(
+                "--attention-backend",
+                "ignored",
+                "this trainer's attention is its local one, fused (npu_fusion_attention on NPU) under --use-flash-attn; `megatron-npu migrate` rewrites --attention-backend fused / flash to it",
+                allowed=("fused", "flash"),
+                migrate="replace",
+                name="attention-backend",
+                rewrite="--use-flash-attn",
+                takes_value=True,
+            ),
+        ),
+    )
     """Attention backend (accepted; the device picks the kernel)."""
 
     kv_channels: int | None = None
@@ -93,13 +107,37 @@ class ModelSection(Section):
     make_vocab_size_divisible_by: int = 128
     """Pad the vocab size to be divisible by this value."""
 
-    normalization: Literal["LayerNorm", "RMSNorm"] = spec("LayerNorm", type=None)
+    normalization: Literal["LayerNorm", "RMSNorm"] = spec(
+        "LayerNorm",
+        type=None,
+        fates=(
+            FlagPolicy(
+                "--normalization",
+                "mapped",
+                "RMSNorm runs as torch_npu.npu_rms_norm on NPU",
+                allowed=("RMSNorm",),
+                migrate="note",
+                name="rmsnorm",
+            ),
+        ),
+    )
     """Which normalization the layers use."""
 
     norm_epsilon: float = 1e-5
     """Epsilon for layer norm and RMS norm."""
 
-    apply_layernorm_1p: bool = False
+    apply_layernorm_1p: bool = spec(
+        False,
+        fates=(
+            FlagPolicy(
+                "--apply-layernorm-1p",
+                "refused",
+                "zero-centered-gamma norms need Transformer Engine",
+                DROP,
+                scope="device",
+            ),
+        ),
+    )
     """Zero-centered LayerNorm weights."""
 
     apply_residual_connection_post_layernorm: bool = False
@@ -111,7 +149,18 @@ class ModelSection(Section):
     squared_relu: bool = False
     """Use squared relu instead of gelu."""
 
-    swiglu: bool = False
+    swiglu: bool = spec(
+        False,
+        fates=(
+            FlagPolicy(
+                "--swiglu",
+                "mapped",
+                "the SwiGLU activation runs as torch_npu.npu_swiglu on NPU",
+                migrate="note",
+                name="swiglu",
+            ),
+        ),
+    )
     """Use gated linear units and SiLU."""
 
     untie_embeddings_and_output_weights: bool = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ...fates import DEEPEP, FlagPolicy
 from ...layout.moe import moe_freq_type
 from .base import Section, spec
 
@@ -86,7 +87,19 @@ class MoeSection(Section):
     moe_grouped_gemm: bool = False
     """One grouped GEMM for the local experts instead of one GEMM each."""
 
-    moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = "allgather"
+    moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = spec(
+        "allgather",
+        fates=(
+            FlagPolicy(
+                "--moe-token-dispatcher-type",
+                "refused",
+                DEEPEP,
+                "use --moe-token-dispatcher-type alltoall (or allgather)",
+                allowed=("allgather", "alltoall"),
+                scope="device",
+            ),
+        ),
+    )
     """The type of token dispatcher to use."""
 
     moe_expert_capacity_factor: float | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...fates import NO_HISTORY, FlagPolicy
 from .base import Section, spec
 
 
@@ -26,10 +27,12 @@ class ProfilingSection(Section):
     profile_ranks: tuple[int, ...] = (0,)
     """Global ranks to profile."""
 
-    record_memory_history: bool = False
+    record_memory_history: bool = spec(False, fates=(FlagPolicy("--record-memory-history", "ignored", NO_HISTORY),))
     """Record memory history in last rank."""
 
-    memory_snapshot_path: str = "snapshot.pickle"
+    memory_snapshot_path: str = spec(
+        "snapshot.pickle", fates=(FlagPolicy("--memory-snapshot-path", "ignored", NO_HISTORY),)
+    )
     """Specifies where to dump the memory history pickle."""
 
     memory_report: bool = spec(False, extension=True)

@@ -10,6 +10,7 @@ import signal
 from dataclasses import dataclass
 from typing import Literal
 
+from ...fates import DROP, FlagPolicy
 from .base import Section, spec
 
 
@@ -70,7 +71,9 @@ class ScheduleSection(Section):
     exit_signal: signal.Signals = spec(signal.SIGTERM, type=signal_named)
     """The signal --exit-signal-handler acts on, by name (default: SIGTERM)."""
 
-    iterations_to_skip: tuple[int, ...] = ()
+    iterations_to_skip: tuple[int, ...] = spec(
+        (), fates=(FlagPolicy("--iterations-to-skip", "refused", "skipping chosen iterations is not supported", DROP),)
+    )
     """List of iterations to skip during training, empty by default."""
 
     lr: float | None = None

@@ -5,10 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ...policy import TOKENIZER_TYPES
 from .base import Section
 
-#: the types megatron_npu.data.tokenizers builds (the policy's one list)
+# The --tokenizer-type values megatron_npu.data.tokenizers.build_tokenizer implements: those
+# megatron-core 0.16.1's tokenizer builder makes, as Megatron-LM core_v0.16.1 (the Bert ones fetch
+# their vocabulary from the hub, TikTokenizer needs tiktoken). Megatron-LM's Multimodal, SFT and
+# NullMultimodal types are for its multimodal / SFT scripts, not GPT pretraining.
+TOKENIZER_TYPES: tuple[str, ...] = (
+    "NullTokenizer",
+    "SentencePieceTokenizer",
+    "GPTSentencePieceTokenizer",
+    "Llama2Tokenizer",
+    "HuggingFaceTokenizer",
+    "GPT2BPETokenizer",
+    "BertWordPieceLowerCase",
+    "BertWordPieceCase",
+    "TikTokenizer",
+)
+
 TokenizerType = Literal[TOKENIZER_TYPES]  # type: ignore[valid-type]
 
 

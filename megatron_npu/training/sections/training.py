@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ...fates import GC, FlagPolicy
 from .base import Section, spec
 
 
@@ -36,10 +37,22 @@ class TrainingSection(Section):
     check_for_nan_in_loss_and_grad: bool = spec(True, "--no-check-for-nan-in-loss-and-grad")
     """Check for NaNs in loss and grad."""
 
-    check_for_spiky_loss: bool = False
+    check_for_spiky_loss: bool = spec(
+        False,
+        fates=(
+            FlagPolicy("--check-for-spiky-loss", "ignored", "the rerun state machine's spiky-loss check is not wired"),
+        ),
+    )
     """Check for spiky loss."""
 
-    check_for_large_grads: bool = False
+    check_for_large_grads: bool = spec(
+        False,
+        fates=(
+            FlagPolicy(
+                "--check-for-large-grads", "ignored", "the rerun state machine's large-gradient check is not wired"
+            ),
+        ),
+    )
     """Check for unexpectedly large grads."""
 
     clone_scatter_output_in_embedding: bool = spec(True, "--no-clone-scatter-output-in-embedding")
@@ -49,21 +62,40 @@ class TrainingSection(Section):
     use_cpu_initialization: bool | None = None
     """Initialize weights on the CPU (the same weights whatever the tensor parallelism)."""
 
-    empty_unused_memory_level: Literal[0, 1, 2] = 0
+    empty_unused_memory_level: Literal[0, 1, 2] = spec(
+        0,
+        fates=(
+            FlagPolicy(
+                "--empty-unused-memory-level", "ignored", "the device allocator cache is not emptied per iteration"
+            ),
+        ),
+    )
     """Empty the device's allocator cache each iteration (training and eval) against fragmentation: 0 off,
     1 moderate, 2 aggressive."""
 
     deterministic_mode: bool = False
     """Choose deterministic code paths: slower, good for debugging and testing."""
 
-    check_weight_hash_across_dp_replicas_interval: int | None = None
+    check_weight_hash_across_dp_replicas_interval: int | None = spec(
+        None,
+        fates=(FlagPolicy("--check-weight-hash-across-dp-replicas-interval", "ignored", "DP replicas are not hashed"),),
+    )
     """Interval to check that weight hashes are the same across DP replicas; none: not checked."""
 
     calculate_per_token_loss: bool = False
     """Divide the cross-entropy loss by the global batch's count of non-padded tokens instead of assuming every
     token counts."""
 
-    train_sync_interval: int | None = None
+    train_sync_interval: int | None = spec(
+        None,
+        fates=(
+            FlagPolicy(
+                "--train-sync-interval",
+                "ignored",
+                "the host synchronises with the device once per iteration (for the timers)",
+            ),
+        ),
+    )
     """Training CPU-GPU synchronization interval, to ensure that CPU is not running too far ahead of GPU."""
 
     masked_softmax_fusion: bool = spec(True, "--no-masked-softmax-fusion")
@@ -79,22 +111,57 @@ class TrainingSection(Section):
     """Disable bias and dropout fusion."""
 
     apply_rope_fusion: bool = spec(
-        True, "--no-rope-fusion", opposite=("--apply-rope-fusion", "Legacy spelling (rope fusion is on by default).")
+        True,
+        "--no-rope-fusion",
+        opposite=("--apply-rope-fusion", "Legacy spelling (rope fusion is on by default)."),
+        fates=(
+            FlagPolicy(
+                "--apply-rope-fusion",
+                "mapped",
+                "runs as torch_npu.npu_rotary_mul on NPU",
+                migrate="note",
+                name="rope-fusion",
+            ),
+        ),
     )
     """Disable rope fusion."""
 
     cross_entropy_loss_fusion: bool = False
     """Use the fused cross-entropy implementation."""
 
-    use_flash_attn: bool = False
+    use_flash_attn: bool = spec(
+        False,
+        fates=(
+            FlagPolicy(
+                "--use-flash-attn",
+                "mapped",
+                "runs as torch_npu.npu_fusion_attention on NPU",
+                migrate="note",
+                name="flash-attn",
+            ),
+        ),
+    )
     """Use a flash attention kernel."""
 
     async_tensor_model_parallel_allreduce: bool = spec(
-        True, "--no-async-tensor-model-parallel-allreduce", "--disable-async-tensor-model-parallel-allreduce"
+        True,
+        "--no-async-tensor-model-parallel-allreduce",
+        "--disable-async-tensor-model-parallel-allreduce",
+        fates=(
+            FlagPolicy("--no-async-tensor-model-parallel-allreduce", "ignored", "deprecated in Megatron-LM; no effect"),
+            FlagPolicy(
+                "--disable-async-tensor-model-parallel-allreduce", "ignored", "deprecated in Megatron-LM; no effect"
+            ),
+        ),
     )
     """Deprecated; ignored."""
 
-    no_persist_layer_norm: bool = False
+    no_persist_layer_norm: bool = spec(
+        False,
+        fates=(
+            FlagPolicy("--no-persist-layer-norm", "ignored", "there is no persistent layer-norm kernel on this target"),
+        ),
+    )
     """Disable the persistent fused layer norm kernel."""
 
     sequence_parallel: bool = False
@@ -104,16 +171,28 @@ class TrainingSection(Section):
     gradient_accumulation_fusion: bool = spec(True, "--no-gradient-accumulation-fusion")
     """Disable fusing gradient accumulation to weight gradient computation of linear layers."""
 
-    deprecated_use_mcore_models: bool = spec(False, "--use-mcore-models")
+    deprecated_use_mcore_models: bool = spec(
+        False,
+        "--use-mcore-models",
+        fates=(FlagPolicy("--use-mcore-models", "ignored", "megatron-core models are always used"),),
+    )
     """Deprecated no-op: megatron-core models are always used."""
 
-    manual_gc: bool = False
+    manual_gc: bool = spec(False, fates=(FlagPolicy("--manual-gc", "ignored", GC),))
     """Disable the threshold-based garbage collector and collect at chosen points instead."""
 
-    manual_gc_interval: int = 0
+    manual_gc_interval: int = spec(0, fates=(FlagPolicy("--manual-gc-interval", "ignored", GC),))
     """Training step interval to trigger manual garbage collection (0: none between steps)."""
 
-    manual_gc_eval: bool = spec(True, "--no-manual-gc-eval", "--disable-manual-gc-eval")
+    manual_gc_eval: bool = spec(
+        True,
+        "--no-manual-gc-eval",
+        "--disable-manual-gc-eval",
+        fates=(
+            FlagPolicy("--no-manual-gc-eval", "ignored", GC),
+            FlagPolicy("--disable-manual-gc-eval", "ignored", GC),
+        ),
+    )
     """Under manual garbage collection, no collection at the start and end of each evaluation."""
 
 
