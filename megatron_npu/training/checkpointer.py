@@ -48,11 +48,15 @@ class Checkpointer:
             checkpointing.clean_unfinished_saves(self.checkpoint.save)
 
     def load(self) -> None:
-        """--load into the model, optimizer, scheduler and RNG; the run state takes the saved counters."""
+        """Start-up: --load into the model, optimizer, scheduler and RNG; the run state takes the saved counters.
+        Then, for the saves to come, the process megatron-core's writers report through is started (not
+        inside the first save's stall)."""
         if self.checkpoint.load:
             loaded = checkpointing.load_checkpoint(self.model, self.optimizer, self.scheduler, self.megatron_args)
             self.state.load_state_dict(loaded.state_dict())
         self.first_iteration = self.state.iteration
+        if self.checkpoint.save and self.checkpoint.ckpt_format == "torch_dist":
+            checkpointing.start_save_service()
 
     def due(self, iteration: int) -> bool:
         checkpoint = self.checkpoint

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
 from megatron_npu.accelerator import get_accelerator
@@ -216,6 +217,18 @@ def save_checkpoint(
     async_queue.schedule_async_request(request)
     print_rank_0(f"  scheduled an asynchronous checkpoint save of iteration {iteration:7d} to {root}")
     return final
+
+
+def start_save_service() -> None:
+    """Every rank at start-up, when it will save torch_dist: start the process megatron-core's checkpoint writers
+    report their results through (a ``multiprocessing`` Manager, spawned, so it imports the training script again).
+
+    megatron-core starts it at the first save that has data to write (a synchronous save runs the same async
+    writer), inside that save's blocking part: 3.96 of the first --async-save's 4.36 s stall (profiled on
+    benchmarks/async_save.py's model). Started here, from the main thread (its parent-death signal follows the
+    thread that starts it: megatron_npu/lifetime.py), every save finds it running. The name is private;
+    Megatron-LM's own async_utils reads the same module's global."""
+    filesystem_async._get_write_results_queue()
 
 
 def _finish_save(root: str, partial: str, final: str, iteration: int, in_save: Callable[[int], None] | None) -> None:
