@@ -1,9 +1,9 @@
 """The fused attention path (``--use-flash-attn``) through the accelerator's kernel seam, on the cpu target.
 
-The npu target's ``_fused_flash_attention`` runs here over an emulation of ``npu_fusion_attention`` written
-from CANN's documented semantics (SBH layout, one head size D for query, key and value, ``atten_mask`` True
-= masked; sparse_mode 0 applies the full mask within the ``pre_tockens`` / ``next_tockens`` band, sparse_mode
-4 is the band over the compressed 2048 x 2048 mask), and its output is compared with megatron-core's own
+The npu target's ``_fused_flash_attention`` runs here over the reference ``npu_fusion_attention``
+(tests/accelerator/npu_reference.py, written from CANN's documentation: ``atten_mask`` True = masked,
+sparse_mode 0 the full mask within the ``pre_tockens`` / ``next_tockens`` band, sparse_mode 4 the band over the
+compressed 2048 x 2048 mask; it refuses argument combinations the documentation calls wrong), and its output is compared with megatron-core's own
 unfused DotProductAttention for: a document mask (``--reset-attention-mask``; before the fix the fused path
 dropped the mask and attended across documents), sliding-window layers, MLA's different q/k and v head
 sizes; attention sinks fall back to megatron-core's math (the kernel has no input for them).
@@ -13,59 +13,29 @@ from __future__ import annotations
 
 import pytest
 import torch
+from accelerator import npu_reference
 
 from megatron_npu.accelerator import set_accelerator
 from megatron_npu.accelerator.cpu import CpuAccelerator
 from megatron_npu.accelerator.npu import NpuAccelerator
 
-ALL_TOKENS = 2147483647
-
 
 class EmulatedTorchNpu:
-    """``npu_fusion_attention`` as CANN documents it (the arguments the project passes), in torch."""
+    """``npu_fusion_attention`` from the reference operators (tests/accelerator/npu_reference.py, written from
+    CANN's documentation), each call's sparse mode and band recorded."""
 
     def __init__(self) -> None:
         self.calls: list[dict] = []
 
-    def npu_fusion_attention(
-        self,
-        query,
-        key,
-        value,
-        head_num,
-        input_layout,
-        *,
-        atten_mask=None,
-        scale=1.0,
-        keep_prob=1.0,
-        pre_tockens=ALL_TOKENS,
-        next_tockens=ALL_TOKENS,
-        sparse_mode=0,
-    ):
-        assert input_layout == "SBH" and keep_prob == 1.0
-        self.calls.append({"sparse_mode": sparse_mode, "pre": pre_tockens, "next": next_tockens})
-        sq, batch, _ = query.shape
-        sk = key.shape[0]
-        d = query.shape[-1] // head_num
-        assert key.shape[-1] % d == 0 and value.shape[-1] == key.shape[-1], "one head size D for q, k and v"
-        groups = key.shape[-1] // d
-        q = query.view(sq, batch, head_num, d).permute(1, 2, 0, 3)
-        k = key.view(sk, batch, groups, d).repeat_interleave(head_num // groups, 2).permute(1, 2, 0, 3)
-        v = value.view(sk, batch, groups, d).repeat_interleave(head_num // groups, 2).permute(1, 2, 0, 3)
-        rows = torch.arange(sq).view(-1, 1) + (sk - sq)
-        cols = torch.arange(sk).view(1, -1)
-        outside_band = (cols < rows - pre_tockens) | (cols > rows + next_tockens)
-        if sparse_mode == 0:
-            masked = outside_band if atten_mask is None else (atten_mask.bool() | outside_band)
-        elif sparse_mode == 4:
-            assert atten_mask.shape == (2048, 2048) and bool(atten_mask[0, 1]) and not bool(atten_mask[1, 0])
-            masked = outside_band
-        else:
-            raise AssertionError(f"sparse_mode {sparse_mode} is not emulated")
-        scores = (q @ k.transpose(-1, -2)) * scale
-        probs = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1)
-        out = (probs @ v).permute(2, 0, 1, 3).reshape(sq, batch, head_num * d)
-        return out, None, None, None, 0, 0, 0
+    def npu_fusion_attention(self, *args, **kwargs):
+        self.calls.append(
+            {
+                "sparse_mode": kwargs.get("sparse_mode", 0),
+                "pre": kwargs.get("pre_tockens", npu_reference.ALL_TOKENS),
+                "next": kwargs.get("next_tockens", npu_reference.ALL_TOKENS),
+            }
+        )
+        return npu_reference.npu_fusion_attention(*args, **kwargs)
 
 
 class EmulatedNpuAttention(CpuAccelerator):
