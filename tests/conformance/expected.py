@@ -155,6 +155,18 @@ EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
         _NO_TE_SPEC,
     ),
     _te(f"{_DIST}/test_finalize_model_grads.py::TestAllReduceLNGrads::*", _TE_SPEC, _NO_TE_SPEC),
+    _te(
+        f"{_DIST}/megatron_fsdp/test_mcore_fully_sharded_data_parallel.py::TestMegatronFSDPE2E::"
+        "test_compatible_with_nd_parallel*",
+        "moe_permute_fusion: TransformerConfig imports TE's fused permute (fused_permute, TE >= 2.1)",
+        ("ImportError", r"^cannot import name 'fused_permute' from 'megatron\.core\.transformer\.moe\.moe_utils'"),
+    ),
+    _te(
+        f"{_DIST}/test_torch_fully_sharded_parallel.py::test_fsdp2_constructor*",
+        "runs after test_compatible_with_nd_parallel's TE failures, which leave the microbatch calculator initialized "
+        "(with TE they pass and tear it down; the file alone passes, measured)",
+        ("AssertionError", r"^num microbatches calculator is already initialized\.$"),
+    ),
     _te(f"{_DIST}/megatron_fsdp/test_mfsdp_fully_shard.py", _TE_IMPORT, _NO_TE_MODULE),
     _te(f"{_TR}/test_cuda_graphs.py", _TE_IMPORT, _NO_TE_MODULE),
     _te(f"{_TR}/test_multi_latent_attention.py", _TE_IMPORT, _NO_TE_MODULE),
