@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = get_megatron_optimizer(
         optimizer_config(args.optim, args.schedule, args.precision, args.distributed, args.logging), model
     )
-    scheduler = build_scheduler(optimizer, args)
+    scheduler = build_scheduler(optimizer, args.schedule)
     wire_model_config(model, optimizer, timers, args)
     state = RunState()
     trainer = Trainer(args, state, model, optimizer, scheduler, pretrain_gpt.forward_step, timers)

@@ -20,6 +20,7 @@ from megatron_npu.accelerator import get_accelerator
 from megatron_npu.compat import parallel_state, standard_megatron_optimizer  # parallel_state: vp_stage on 0.12
 from megatron_npu.training import fsdp
 from megatron_npu.training.config import ddp_config, optimizer_config
+from megatron_npu.training.sections import ScheduleSection
 
 
 def _call_provider(model_provider: Callable, pre: bool, post: bool, vp_stage: int | None) -> torch.nn.Module:
@@ -63,36 +64,36 @@ def build_model(model_provider: Callable, args: argparse.Namespace) -> list[Dist
     return wrapped
 
 
-def build_scheduler(optimizer: Any, args: argparse.Namespace) -> OptimizerParamScheduler:
-    """Megatron-LM's scheduler arithmetic: steps count samples, not iterations."""
-    if args.train_iters:
-        decay_steps = (args.lr_decay_iters or args.train_iters) * args.global_batch_size
-        wd_steps = args.train_iters * args.global_batch_size
-        warmup_steps = args.lr_warmup_iters * args.global_batch_size
-        wsd_steps = args.lr_wsd_decay_iters * args.global_batch_size if args.lr_wsd_decay_iters else None
+def build_scheduler(optimizer: Any, schedule: ScheduleSection) -> OptimizerParamScheduler:
+    """Megatron-LM's scheduler arithmetic over the validated schedule: steps count samples, not iterations."""
+    if schedule.train_iters:
+        decay_steps = (schedule.lr_decay_iters or schedule.train_iters) * schedule.global_batch_size
+        wd_steps = schedule.train_iters * schedule.global_batch_size
+        warmup_steps = schedule.lr_warmup_iters * schedule.global_batch_size
+        wsd_steps = schedule.lr_wsd_decay_iters * schedule.global_batch_size if schedule.lr_wsd_decay_iters else None
     else:
-        decay_steps = args.lr_decay_samples or args.train_samples
-        wd_steps = args.train_samples
-        warmup_steps = args.lr_warmup_samples
-        wsd_steps = args.lr_wsd_decay_samples
-    if args.lr_warmup_fraction is not None:
-        warmup_steps = args.lr_warmup_fraction * decay_steps
+        decay_steps = schedule.lr_decay_samples or schedule.train_samples
+        wd_steps = schedule.train_samples
+        warmup_steps = schedule.lr_warmup_samples
+        wsd_steps = schedule.lr_wsd_decay_samples
+    if schedule.lr_warmup_fraction is not None:
+        warmup_steps = schedule.lr_warmup_fraction * decay_steps
     return OptimizerParamScheduler(
         optimizer,
-        init_lr=args.lr_warmup_init,
-        max_lr=args.lr,
-        min_lr=args.min_lr,
+        init_lr=schedule.lr_warmup_init,
+        max_lr=schedule.lr,
+        min_lr=schedule.min_lr,
         lr_warmup_steps=warmup_steps,
         lr_decay_steps=decay_steps,
-        lr_decay_style=args.lr_decay_style,
-        start_wd=args.start_weight_decay,
-        end_wd=args.end_weight_decay,
+        lr_decay_style=schedule.lr_decay_style,
+        start_wd=schedule.start_weight_decay,
+        end_wd=schedule.end_weight_decay,
         wd_incr_steps=wd_steps,
-        wd_incr_style=args.weight_decay_incr_style,
-        use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
-        override_opt_param_scheduler=args.override_opt_param_scheduler,
+        wd_incr_style=schedule.weight_decay_incr_style,
+        use_checkpoint_opt_param_scheduler=schedule.use_checkpoint_opt_param_scheduler,
+        override_opt_param_scheduler=schedule.override_opt_param_scheduler,
         wsd_decay_steps=wsd_steps,
-        lr_wsd_decay_style=args.lr_wsd_decay_style,
+        lr_wsd_decay_style=schedule.lr_wsd_decay_style,
     )
 
 

@@ -112,7 +112,7 @@ def _run(
     write_run_files(args)
     model = build_model(model_provider, args)
     optimizer = build_optimizer(model, args)
-    scheduler = build_scheduler(optimizer, args)
+    scheduler = build_scheduler(optimizer, args.schedule)
     wire_model_config(model, optimizer, timers, args)
     trainer = Trainer(args, state, model, optimizer, scheduler, forward_step_func, timers)
     trainer.checkpointer.clean_unfinished()
