@@ -8,9 +8,12 @@ over the sequence there. An expert's is not: its tokens come from the dispatcher
 other expert parameter over the expert-data-parallel group (which, at expert TP 1, already spans the TP ranks), so
 under TP x SP the bias gradient was summed over TP a second time (or, where EP spans the TP ranks, added to another
 expert's): lm loss off by rel 2.6e-4 one step after a resume at TP2 x EP2 x SP against the 1-rank run. Transformer
-Engine's linear layers never mark an expert's parameters so; the local spec's are made to agree. A megatron-core
-defect on every device, with the local spec (no upstream issue found); the marking and the sum are the same from
-0.12.1 to 0.19.2 (RowParallelLinear.__init__, _allreduce_non_tensor_model_parallel_grads / layernorm grads).
+Engine's linear layers never mark an expert's parameters so; the local spec's are made to agree, in both trainers
+(they build experts through this class; Megatron-LM's through ``-m megatron_npu.run``). A megatron-core
+defect on every device, with the local spec. No upstream issue names it (searched; the nearest, NVIDIA/Megatron-LM
+PRs #5916 and #6099, fix expert parameters counted over the wrong TP group in the gradient norm, biased experts at
+ETP 1 included, not this sum). The marking and the sum are the same from 0.12.1 to 0.19.2 (RowParallelLinear.__init__,
+finalize_model_grads' _allreduce_non_tensor_model_parallel_grads / _allreduce_layernorm_grads).
 """
 
 from __future__ import annotations
