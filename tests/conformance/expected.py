@@ -281,6 +281,8 @@ EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
     _te(f"{_MOD}/test_gpt_model.py", _TE_IMPORT, _NO_TE_MODULE),
     _te(f"{_MOD}/test_mamba_model.py", _TE_IMPORT, _NO_TE_MODULE),
     _cuda(f"{_MOD}/test_mamba_moe_model.py", _MAMBA, _NO_TRITON),
+    # experimental (run since upstream's markers are kept): setup builds the vision encoder from the TE spec
+    _te(f"{_MOD}/test_mimo_submodules.py::Test*Submodule::*", _TE_SPEC, _NO_TE_SPEC),
     _te(f"{_MOD}/test_clip_vit_model.py::TestCLIPViTModel::*", _TE_SPEC, _NO_TE_SPEC),
     _te(f"{_MOD}/test_radio_model.py::TestRADIOViTModel::*", _TE_SPEC, _NO_TE_SPEC),
     _te(f"{_MOD}/test_multimodal_projector.py::TestMultimodalProjector::*", _TE_SPEC, _NO_TE_SPEC),
