@@ -129,7 +129,11 @@ class ContextParallelAttention(MegatronModule):
         softmax_scale: float | None = None,
         cp_comm_type: str | None = None,
         pg_collection: ProcessGroupCollection | None = None,
+        k_channels: int | None = None,
+        v_channels: int | None = None,
     ) -> None:
+        # k_channels / v_channels: multi-latent attention's q/k and v head sizes (MLASelfAttention passes them, as
+        # to Transformer Engine's attention); the ring reads both from the tensors, only the default scale needs one
         super().__init__(config=config)
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
@@ -139,7 +143,8 @@ class ContextParallelAttention(MegatronModule):
         tp_size = pg_collection.tp.size()
         self.heads = config.num_attention_heads // tp_size
         self.groups = config.num_query_groups // tp_size
-        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+        head_size = k_channels if k_channels is not None else config.kv_channels
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_size)
         self.comm_type = layer_comm_type(config, layer_number, cp_comm_type)
         self.inner, ring_group = self._groups(pg_collection)
         self.ring = Ring(ring_group)
@@ -178,8 +183,8 @@ class ContextParallelAttention(MegatronModule):
         attention_bias: torch.Tensor | None = None,
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
-        """query [s/CP, b, np, hn], key/value [s/CP, b, ng, hn] -> [s/CP, b, np * hn] (the mask is
-        the causal one this module computes itself)."""
+        """query [s/CP, b, np, hk], key [s/CP, b, ng, hk], value [s/CP, b, ng, hv] -> [s/CP, b, np * hv] (the
+        mask is the causal one this module computes itself)."""
         if packed_seq_params is not None or attention_bias is not None:
             raise ValueError("context parallelism without Transformer Engine has no packed sequences or attention bias")
         if (attn_mask_type or self.attn_mask_type) != AttnMaskType.causal:

@@ -14,6 +14,13 @@ Blocks above the diagonal are never computed. Partial results merge with the onl
 (attention_blocks.merge). The backward runs the ring again with the whole rows' statistics: each
 rank adds its queries' share of dK/dV to an accumulator that travels with the block and reaches
 the block's owner after ``P`` hops, while dQ stays local.
+
+Keys and values travel side by side on the last dimension (``[s, b, ng, dk + dv]``), so their head
+sizes may differ (multi-latent attention: q/k ``qk_head_dim + qk_pos_emb_head_dim``, v ``v_head_dim``)
+and the ring moves exactly their elements. attention_blocks' kernels take one head size (the device's
+fused attention is called with one D, as ``--use-flash-attn``'s MLA path pads it): each block widens
+q, k and v with zero channels to the larger size, which adds zeros to the scores and to the output's
+extra channels; those channels are cut off the output and the gradients.
 """
 
 from __future__ import annotations
@@ -68,23 +75,47 @@ def _step_kind(ring: Ring, step: int) -> str:
     return "first_keys" if src < ring.rank else "second_queries"
 
 
+class HeadSizes:
+    """Key and value head sizes of one ring, and the one width the blocks run at (the larger)."""
+
+    def __init__(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        self.key, self.value = key.shape[-1], value.shape[-1]
+        self.width = max(self.key, self.value)
+
+    def pack(self, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """K and V as the one tensor that travels: [s, b, ng, dk + dv]."""
+        return torch.cat((key, value), dim=-1)
+
+    def widen(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` with zero channels up to the blocks' width (itself where it has it)."""
+        missing = self.width - tensor.shape[-1]
+        return torch.nn.functional.pad(tensor, (0, missing)) if missing else tensor
+
+    def block(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One travelling block's key and value at the blocks' width."""
+        return self.widen(kv[..., : self.key]), self.widen(kv[..., self.key :])
+
+
 def ring_forward(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ring: Ring, softmax_scale: float
 ) -> blocks.Stats:
-    """(out [s, b, np, hn], softmax_max, softmax_sum) of this rank's queries over the whole ring."""
+    """(out [s, b, np, dv], softmax_max, softmax_sum) of this rank's queries over the whole ring."""
+    sizes = HeadSizes(key, value)
+    query = sizes.widen(query)
     half = query.shape[0] // 2
-    kv = torch.stack((key, value))
+    kv = sizes.pack(key, value)
     out = row_max = row_sum = None
     for step in range(ring.size):
         pending = ring.shift(kv) if step + 1 < ring.size else None
         kind = _step_kind(ring, step)
+        k, v = sizes.block(kv)
         if kind == "diagonal":
-            out, row_max, row_sum = blocks.block_forward(query, kv[0], kv[1], softmax_scale=softmax_scale, causal=True)
+            out, row_max, row_sum = blocks.block_forward(query, k, v, softmax_scale=softmax_scale, causal=True)
         elif kind == "first_keys":
-            part = blocks.block_forward(query, kv[0, :half], kv[1, :half], softmax_scale=softmax_scale, causal=False)
+            part = blocks.block_forward(query, k[:half], v[:half], softmax_scale=softmax_scale, causal=False)
             out, row_max, row_sum = blocks.merge(out, row_max, row_sum, *part)
         else:
-            part = blocks.block_forward(query[half:], kv[0], kv[1], softmax_scale=softmax_scale, causal=False)
+            part = blocks.block_forward(query[half:], k, v, softmax_scale=softmax_scale, causal=False)
             merged = blocks.merge(out[half:], row_max[:, :, half:], row_sum[:, :, half:], *part)
             out = torch.cat((out[:half], merged[0]))
             row_max = torch.cat((row_max[:, :, :half], merged[1]), dim=2)
@@ -92,21 +123,21 @@ def ring_forward(
         if pending is not None:
             _wait(pending[1])
             kv = pending[0]
-    return out, row_max, row_sum
+    return out[..., : sizes.value], row_max, row_sum
 
 
 def _block_grads(
-    kind: str, saved: tuple[torch.Tensor, ...], kv: torch.Tensor, softmax_scale: float
+    kind: str, saved: tuple[torch.Tensor, ...], k: torch.Tensor, v: torch.Tensor, softmax_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, slice, slice]:
-    """dq, dk, dv of one step and the query rows / key rows they belong to."""
+    """dq, dk, dv of one step (at the blocks' width) and the query rows / key rows they belong to."""
     query, dout, out, row_max, row_sum = saved
     half = query.shape[0] // 2
     rows = slice(half, None) if kind == "second_queries" else slice(None)
     keys = slice(None, half) if kind == "first_keys" else slice(None)
     dq, dk, dv = blocks.block_backward(
         query[rows],
-        kv[0, keys],
-        kv[1, keys],
+        k[keys],
+        v[keys],
         dout[rows],
         out[rows],
         row_max[:, :, rows],
@@ -121,21 +152,24 @@ def ring_backward(
     saved: tuple[torch.Tensor, ...], key: torch.Tensor, value: torch.Tensor, ring: Ring, softmax_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of this rank's query, key and value."""
-    query = saved[0]
-    dq = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
-    kv = torch.stack((key, value))
+    sizes = HeadSizes(key, value)
+    query, dout, out, row_max, row_sum = saved
+    # the blocks' width: out and dout's zero channels leave the row sums of dout * out as they are
+    saved = (sizes.widen(query), sizes.widen(dout), sizes.widen(out), row_max, row_sum)
+    dq = torch.zeros(saved[0].shape, dtype=torch.float32, device=query.device)
+    kv = sizes.pack(key, value)
     dkv_pending = None
     for step in range(ring.size):
         kv_pending = ring.shift(kv) if step + 1 < ring.size else None
-        dq_part, dk, dv, rows, keys = _block_grads(_step_kind(ring, step), saved, kv, softmax_scale)
+        dq_part, dk, dv, rows, keys = _block_grads(_step_kind(ring, step), saved, *sizes.block(kv), softmax_scale)
         dq[rows] += dq_part.float()
         if dkv_pending is None:
             dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
         else:
             _wait(dkv_pending[1])
             dkv = dkv_pending[0]
-        dkv[0, keys] += dk.float()
-        dkv[1, keys] += dv.float()
+        dkv[keys, ..., : sizes.key] += dk[..., : sizes.key].float()
+        dkv[keys, ..., sizes.key :] += dv[..., : sizes.value].float()
         # the accumulator follows its block: after P hops it is back with the block's owner
         dkv_pending = ring.shift(dkv) if ring.size > 1 else (dkv, [])
         if kv_pending is not None:
@@ -143,7 +177,8 @@ def ring_backward(
             kv = kv_pending[0]
     _wait(dkv_pending[1])
     dkv = dkv_pending[0]
-    return dq.to(query.dtype), dkv[0].to(key.dtype), dkv[1].to(value.dtype)
+    dq, dk, dv = dq[..., : sizes.key], dkv[..., : sizes.key], dkv[..., sizes.key :]
+    return dq.to(query.dtype).contiguous(), dk.to(key.dtype).contiguous(), dv.to(value.dtype).contiguous()
 
 
 class RingAttention(torch.autograd.Function):

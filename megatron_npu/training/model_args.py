@@ -42,18 +42,18 @@ def check_model_family_args(args: argparse.Namespace) -> None:
 
 
 def _check_context_parallel(args: argparse.Namespace) -> None:
-    """This trainer's context-parallel attention (ops/context_parallel.py) runs causal attention with
-    one head size and megatron-core's vanilla softmax: said here, not when the model is built."""
+    """This trainer's context-parallel attention (ops/context_parallel.py) runs causal attention (multi-latent
+    attention's separate q/k and v head sizes included) with megatron-core's vanilla softmax and no window:
+    said here, not when the model is built."""
     if getattr(args, "context_parallel_size", 1) <= 1:
         return
     for flag, given in (
-        ("--multi-latent-attention", args.multi_latent_attention),
         ("--window-size", args.window_size is not None),
         (f"--softmax-type {args.softmax_type}", args.softmax_type != "vanilla"),
     ):
         if given:
             raise ConfigError(
                 f"{flag} is not supported with --context-parallel-size {args.context_parallel_size}: this trainer's "
-                "context-parallel attention runs one head size, no window and the vanilla softmax; use "
+                "context-parallel attention runs no window and the vanilla softmax only; use "
                 "--context-parallel-size 1"
             )

@@ -2,8 +2,9 @@
 
 ContextParallelAttention on each rank's load-balanced share of the sequence (megatron-core's
 get_batch_on_this_cp_rank) must give the outputs and the query/key/value gradients of megatron-core's
-DotProductAttention over the whole sequence at CP1 (fp32, rel 1e-6), causal, GQA included, for
-p2p (ring), a2a (Ulysses) and a2a+p2p (hierarchical), with TP, and per-layer comm types; the bytes
+DotProductAttention over the whole sequence at CP1 (fp32, rel 1e-6), causal, GQA and multi-latent attention's
+wider query/key than value heads included, for p2p (ring), a2a (Ulysses) and a2a+p2p (hierarchical), with TP,
+and per-layer comm types; the bytes
 each rank sends, forward and backward, are the planner's (megatron_npu/layout/cp_comm.py).
 """
 
@@ -37,9 +38,16 @@ def _check_cases(job, expected_cases: dict[str, str]) -> dict:
 
 @pytest.mark.launch
 def test_two_ranks_ring_and_ulysses_with_ascend_shaped_statistics():
-    """CP2: ring with MHA and GQA, Ulysses, a per-layer list; kernels that return Ascend's 8-wide
-    softmax statistics (npu_fusion_attention's layout) through the accelerator seam."""
-    cases = {"p2p:1:2:4:4": "p2p", "p2p:1:2:4:2": "p2p", "a2a:1:2:4:2": "a2a", "p2p,a2a:1:2:4:2": "a2a"}
+    """CP2: ring with MHA, GQA and MLA's head sizes, Ulysses, a per-layer list; kernels that return Ascend's
+    8-wide softmax statistics (npu_fusion_attention's layout) through the accelerator seam."""
+    cases = {
+        "p2p:1:2:4:4": "p2p",
+        "p2p:1:2:4:2": "p2p",
+        "a2a:1:2:4:2": "a2a",
+        "p2p,a2a:1:2:4:2": "a2a",
+        "p2p:1:2:4:4:mla": "p2p",
+        "a2a:1:2:4:4:mla": "a2a",
+    }
     job = torchrun(WORKER, "--wide-stats", *cases, "refuse=a2a:2:4:1", "refuse=all_gather:2:4:4", nproc=2)
     first = _check_cases(job, cases)
     assert set(first["kernel_calls"]) == {"attention_block", "attention_block_grad", "attention_merge"}
@@ -57,6 +65,8 @@ def test_four_ranks_ring_ulysses_hierarchical_and_tensor_parallel():
         "p2p:2:2:4:2": "p2p",
         "a2a:2:2:8:4": "a2a",
         "p2p:1:2:4:1": "p2p",  # CP2 x DP2, multi-query
+        "a2a+p2p:1:4:4:4:2:mla": "a2a+p2p",
+        "p2p:2:2:4:4:mla": "p2p",
     }
     job = torchrun(WORKER, *cases, "refuse=a2a+p2p:4:4:4", nproc=4)
     first = _check_cases(job, cases)
