@@ -10,9 +10,11 @@ save's, and the ratio async / sync (the goal: at most 0.1).
 
     python benchmarks/async_save.py [--hidden-size 1024] [--num-layers 8] [--nproc 1]
 
-Measured on the shared 2-core machine (load average 15-38), --hidden-size 768 --num-layers 6, 1 rank,
-~500 MiB a save: sync 29.02, 11.40, 8.58 s; async 8.44, 0.29, 0.20 s; ratio 0.182, 0.024 from the second
-save on (the first also starts megatron-core's spawned writer Manager and plans the layout, in both modes).
+Measured on the shared 2-core machine (load average 18-64), --hidden-size 768 --num-layers 6, 1 rank,
+498 MiB a save, two runs: sync 3.00, 4.93, 6.20 s / async 0.40, 0.08, 0.09 s (ratios 0.135, 0.017, 0.014; mean
+0.041), and sync 3.92, 3.31, 1.68 s / async 0.42, 0.09, 0.10 s (0.107, 0.026, 0.058; mean 0.068). Both modes start
+megatron-core's writer Manager at start-up (before, the first save of either mode started it: 3.96 of the first
+async save's 4.36 s); the first save's remaining stall is mostly a full garbage collection falling into it.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def run(save: Path, options: argparse.Namespace, asynchronous: bool) -> dict[int
         *(["--async-save"] if asynchronous else []),
     ]
     env = dict(os.environ, MEGATRON_NPU_DEVICE="cpu", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
-    arrived: dict[int, tuple[float, float]] = {}
+    arrived: dict[int, tuple[float, float]] = {0: (time.monotonic(),) * 2}  # 0: the launch
     with subprocess.Popen(
         command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     ) as job:
@@ -77,15 +79,18 @@ def run(save: Path, options: argparse.Namespace, asynchronous: bool) -> dict[int
     return arrived
 
 
-def stalls(arrived: dict[int, tuple[float, float]], save_interval: int) -> tuple[list[float], float]:
-    """(the stall of each save followed by an iteration, the median time between steps without a save)."""
-    gaps = {i: arrived[i + 1][0] - arrived[i][1] for i in arrived if i + 1 in arrived}
+def stalls(arrived: dict[int, tuple[float, float]], save_interval: int) -> tuple[dict[int, float], float]:
+    """(the stall of each save followed by an iteration, by iteration; the median time between steps without
+    a save)."""
+    gaps = {i: arrived[i + 1][0] - arrived[i][1] for i in arrived if i + 1 in arrived and i > 0}
     plain = statistics.median(gap for i, gap in gaps.items() if i % save_interval and i > 1)
-    return [gaps[i] - plain for i in sorted(gaps) if i % save_interval == 0], plain
+    return {i: gaps[i] - plain for i in sorted(gaps) if i % save_interval == 0}, plain
 
 
 def checkpoint_bytes(save: Path) -> int:
-    return sum(path.stat().st_size for path in save.rglob("*") if path.is_file())
+    """The size of one save (the last)."""
+    last = max(save.glob("iter_*"))
+    return sum(path.stat().st_size for path in last.rglob("*") if path.is_file())
 
 
 def main() -> None:
@@ -98,19 +103,22 @@ def main() -> None:
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="async_save_") as scratch:
         save = Path(scratch) / "ckpt"
-        results = {}
+        per_save, startup = {}, {}
         for name, asynchronous in (("sync", False), ("async", True)):
-            per_save, step = stalls(run(save, options, asynchronous), options.save_interval)
-            results[name] = statistics.mean(per_save)
-            # the first save also starts megatron-core's writer Manager (a spawned process) and plans the layout
-            results[f"{name} later"] = statistics.mean(per_save[1:])
+            arrived = run(save, options, asynchronous)
+            per_save[name], step = stalls(arrived, options.save_interval)
+            startup[name] = arrived[1][0] - arrived[0][0]  # launch to the first step (--async-save starts its Manager)
             size = checkpoint_bytes(save) / 2**20
-            shown = ", ".join(f"{s:.2f}" for s in per_save)
-            print(
-                f"{name:5}: stall per save {results[name]:.2f} s ({shown}); between steps {step:.2f} s; {size:.0f} MiB"
-            )
-    print(f"async / sync stall: {results['async'] / results['sync']:.3f} (goal: <= 0.1)")
-    print(f"async / sync stall from the second save on: {results['async later'] / results['sync later']:.3f}")
+            print(f"{name:5}: {size:.0f} MiB a save; {step:.2f} s between steps without a save")
+    print(f"{'save at iteration':>18} {'sync stall (s)':>15} {'async stall (s)':>16} {'async / sync':>13}")
+    for iteration in per_save["sync"]:
+        sync, asynchronous = per_save["sync"][iteration], per_save["async"][iteration]
+        print(f"{iteration:>18} {sync:>15.2f} {asynchronous:>16.2f} {asynchronous / sync:>13.3f}")
+    mean = {name: statistics.mean(values.values()) for name, values in per_save.items()}
+    print(
+        f"{'mean':>18} {mean['sync']:>15.2f} {mean['async']:>16.2f} {mean['async'] / mean['sync']:>13.3f}  (goal: <= 0.1)"
+    )
+    print(f"launch to the first step: sync {startup['sync']:.1f} s, async {startup['async']:.1f} s")
 
 
 if __name__ == "__main__":
