@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # DeepSeek-V3 (671B: MLA, 256 experts top-8 + a shared expert, 3 dense layers, MTP) on 64 Atlas 800T A2 nodes (512 x 910B, 64 GB).
-# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster:
-#   megatron-npu plan --search --nnodes 64 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 1024
-#   TP 8 x PP 16 x DP 4 (EP 1: the experts TP-split), stages of 3 / 4 (x 14) / 2 layers, MTP on the last stage,
-#   predicted memory: 24.4 (first stage) / 45.1 (last) GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
-#   micro-batch 1, no recompute, distributed optimizer; predicted throughput: 459 tokens/s per NPU, MFU 33.7%
-#   (a model: megatron_npu/layout/step_time.py; MLA and MTP activations are predicted 9-15% high).
+# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster
+# (--vocab-size: the Hugging Face config's vocab_size, the converted embedding's rows):
+#   megatron-npu plan --search --nnodes 64 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 1024 --vocab-size 129280
+#   TP 4 x PP 2 x CP 2 x DP 32 (EP 64: 4 experts per rank), stages of 31 / 30 layers, MTP on the last stage,
+#   predicted memory: 47.5 (first stage) / 49.8 (last) GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
+#   micro-batch 1, full recompute, distributed optimizer; predicted throughput: 322 tokens/s per NPU, MFU 23.7%
+#   (a model: megatron_npu/layout/step_time.py; its MoE GEMMs at the dense ones' efficiency: docs/planning.md).
 #
 # Data and checkpoint (once, on shared storage):
 #   megatron-npu preprocess --input corpus.jsonl --output-prefix /data/deepseek/corpus \
 #       --tokenizer-type HuggingFaceTokenizer --tokenizer-model /data/hf/DeepSeek-V3-bf16 --append-eod --workers 32
-#   megatron-npu convert to-megatron /data/hf/DeepSeek-V3-bf16 /data/deepseek/v3-mcore --tp $TP --pp $PP --ep $EP   # (DeepSeek-V3 is not yet among convert's families: issue 35)
+#   megatron-npu convert to-megatron /data/hf/DeepSeek-V3-bf16 /data/deepseek/v3-mcore --tp $TP --pp $PP --ep $EP
 #
 # Run: bash examples/deepseek_v3.sh [--node-rank N] [--dry-run]   (HOSTS=ip0,ip1,... in node-rank order;
 # --dry-run prints every node's environment and command and runs nothing). The launcher is
@@ -23,15 +24,15 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 export NNODES="${NNODES-64}"
 export NPROC_PER_NODE="${NPROC_PER_NODE-8}"
-export TP="${TP-8}"
-export PP="${PP-16}"
-export CP="${CP-1}"
+export TP="${TP-4}"
+export PP="${PP-2}"
+export CP="${CP-2}"
 export VPP="${VPP-0}"
-export EP="${EP-1}"
-export FIRST_STAGE_LAYERS="${FIRST_STAGE_LAYERS-3}"
-export LAST_STAGE_LAYERS="${LAST_STAGE_LAYERS-2}"
+export EP="${EP-64}"
+export FIRST_STAGE_LAYERS="${FIRST_STAGE_LAYERS-31}"
+export LAST_STAGE_LAYERS="${LAST_STAGE_LAYERS-30}"
 export MICRO_BATCH_SIZE="${MICRO_BATCH_SIZE-1}"
-export RECOMPUTE="${RECOMPUTE-none}"
+export RECOMPUTE="${RECOMPUTE-full}"
 export NUM_LAYERS="${NUM_LAYERS-61}"
 export HIDDEN_SIZE="${HIDDEN_SIZE-7168}"
 export NUM_ATTENTION_HEADS="${NUM_ATTENTION_HEADS-128}"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpt-oss-20b (MoE: 32 experts top-4, alternating sliding-window attention) on 1 Atlas 800T A2 node (8 x 910B, 64 GB).
-# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster:
-#   megatron-npu plan --search --nnodes 1 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 128
+# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster
+# (--vocab-size: the Hugging Face config's vocab_size, the converted embedding's rows):
+#   megatron-npu plan --search --nnodes 1 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 128 --vocab-size 201088
 #   TP 4 x DP 2, micro-batch 1, no recompute, distributed optimizer, sequence parallelism;
 #   predicted memory: 50.8 GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
 #   predicted throughput: 9,389 tokens/s per NPU, MFU 48.1% (a model: megatron_npu/layout/step_time.py).

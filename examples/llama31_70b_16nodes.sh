@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # LLaMA-3.1-70B pretraining on 16 Atlas 800T A2 nodes (128 x 910B, 64 GB).
-# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster:
-#   megatron-npu plan --search --nnodes 16 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 1024
-#   TP 8 x PP 4 x DP 4, stages of 18 / 21 / 21 / 20 layers, micro-batch 1, no recompute, distributed optimizer;
-#   predicted memory: 57.3 (first stage) / 31.8 (last) GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
-#   predicted throughput: 369 tokens/s per NPU, MFU 46.8% (a model: megatron_npu/layout/step_time.py).
+# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster
+# (--vocab-size: the Hugging Face config's vocab_size, the converted embedding's rows):
+#   megatron-npu plan --search --nnodes 16 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 1024 --vocab-size 128256
+#   TP 8 x PP 16 x DP 1, stages of 5 layers, micro-batch 1, no recompute, no distributed optimizer (DP 1);
+#   predicted memory: 55.5 (first stage) / 50.4 (middle, at most) / 15.4 (last) GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
+#   predicted throughput: 325 tokens/s per NPU, MFU 41.2% (a model: megatron_npu/layout/step_time.py).
 #
 # Data and checkpoint (once, on shared storage):
 #   megatron-npu preprocess --input corpus.jsonl --output-prefix /data/llama31/corpus \
@@ -23,11 +24,12 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export NNODES="${NNODES-16}"
 export NPROC_PER_NODE="${NPROC_PER_NODE-8}"
 export TP="${TP-8}"
-export PP="${PP-4}"
+export PP="${PP-16}"
 export CP="${CP-1}"
 export VPP="${VPP-0}"
 export MICRO_BATCH_SIZE="${MICRO_BATCH_SIZE-1}"
 export RECOMPUTE="${RECOMPUTE-none}"
+export DISTRIBUTED_OPTIMIZER="${DISTRIBUTED_OPTIMIZER-0}"  # DP 1: nothing to shard
 export NUM_LAYERS="${NUM_LAYERS-80}"
 export HIDDEN_SIZE="${HIDDEN_SIZE-8192}"
 export NUM_ATTENTION_HEADS="${NUM_ATTENTION_HEADS-64}"
@@ -35,8 +37,8 @@ export NUM_QUERY_GROUPS="${NUM_QUERY_GROUPS-8}"
 export FFN_HIDDEN_SIZE="${FFN_HIDDEN_SIZE-28672}"
 export SEQ_LENGTH="${SEQ_LENGTH-8192}"
 export GLOBAL_BATCH_SIZE="${GLOBAL_BATCH_SIZE-1024}"
-export FIRST_STAGE_LAYERS="${FIRST_STAGE_LAYERS-18}"
-export LAST_STAGE_LAYERS="${LAST_STAGE_LAYERS-20}"
+export FIRST_STAGE_LAYERS="${FIRST_STAGE_LAYERS-}"  # even stages
+export LAST_STAGE_LAYERS="${LAST_STAGE_LAYERS-}"
 export HOSTS="${HOSTS-$(seq -f '192.168.10.%g' -s , 1 "$NNODES")}"  # bootstrap addresses, node-rank order
 export DATA_PATH="${DATA_PATH-/data/llama31/corpus_text_document}"
 export TOKENIZER_TYPE="${TOKENIZER_TYPE-HuggingFaceTokenizer}"

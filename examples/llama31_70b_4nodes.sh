@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # LLaMA-3.1-70B pretraining on 4 Atlas 800T A2 nodes (32 x 910B, 64 GB).
-# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster:
-#   megatron-npu plan --search --nnodes 4 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 512
+# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster
+# (--vocab-size: the Hugging Face config's vocab_size, the converted embedding's rows):
+#   megatron-npu plan --search --nnodes 4 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 512 --vocab-size 128256
 #   TP 4 x PP 4 x CP 2 x DP 1, stages of 18 / 21 / 21 / 20 layers, micro-batch 1, full recompute, distributed optimizer;
-#   predicted memory: 51.1 (first stage) / 55.4 (last) GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
+#   predicted memory: 51.1 (first stage) / 55.5 (middle, at most) / 55.4 (last) GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
 #   predicted throughput: 308 tokens/s per NPU, MFU 39.1% (a model: megatron_npu/layout/step_time.py).
 #
 # Data and checkpoint (once, on shared storage):

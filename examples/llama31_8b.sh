@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # LLaMA-3.1-8B pretraining on 1 Atlas 800T A2 node (8 x 910B, 64 GB).
-# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster:
-#   megatron-npu plan --search --nnodes 1 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 128
+# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster
+# (--vocab-size: the Hugging Face config's vocab_size, the converted embedding's rows):
+#   megatron-npu plan --search --nnodes 1 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 128 --vocab-size 128256
 #   TP 2 x CP 2 x DP 2, micro-batch 1, no recompute, distributed optimizer, sequence parallelism;
 #   predicted memory: 54.1 GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
 #   predicted throughput: 3,799 tokens/s per NPU, MFU 55.2% (a model: megatron_npu/layout/step_time.py).

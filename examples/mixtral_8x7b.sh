@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Mixtral-8x7B (MoE: 8 experts, top-2) pretraining on 4 Atlas 800T A2 nodes (32 x 910B, 64 GB).
-# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster:
-#   megatron-npu plan --search --nnodes 4 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 256
+# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster
+# (--vocab-size: the Hugging Face config's vocab_size, the converted embedding's rows):
+#   megatron-npu plan --search --nnodes 4 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 256 --vocab-size 32000
 #   TP 2 x PP 4 x VPP 4 x CP 4 x DP 1, EP 2, micro-batch 1, no recompute, distributed optimizer;
-#   predicted memory: 50.6 (first stage) / 46.0 (last) GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
+#   predicted memory: 50.6 (first stage) / 48.4 (middle, at most) / 46.0 (last) GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
 #   predicted throughput: 2,386 tokens/s per NPU, MFU 53.7% (a model: megatron_npu/layout/step_time.py).
 #
 # Data and checkpoint (once, on shared storage):

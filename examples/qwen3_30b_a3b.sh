@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Qwen3-30B-A3B (MoE: 128 experts, top-8) pretraining on 2 Atlas 800T A2 nodes (16 x 910B, 64 GB).
-# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster:
-#   megatron-npu plan --search --nnodes 2 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 256
-#   TP 2 x PP 4 x DP 2, stages of 10 / 14 / 14 / 10 layers, micro-batch 1, no recompute, distributed optimizer;
-#   predicted memory: 56.1 (first stage) / 44.8 (last) GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
-#   predicted throughput: 7,258 tokens/s per NPU, MFU 47.3% (a model: megatron_npu/layout/step_time.py).
+# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster
+# (--vocab-size: the Hugging Face config's vocab_size, the converted embedding's rows):
+#   megatron-npu plan --search --nnodes 2 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 256 --vocab-size 151936
+#   TP 2 x PP 4 x CP 2 x DP 1 (EP 1), stages of 12 layers, micro-batch 1, no recompute, distributed optimizer;
+#   predicted memory: 56.4 (first stage) / 52.2 (middle, at most) / 49.8 (last) GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
+#   predicted throughput: 6,476 tokens/s per NPU, MFU 42.2% (a model: megatron_npu/layout/step_time.py).
 #
 # Data and checkpoint (once, on shared storage):
 #   megatron-npu preprocess --input corpus.jsonl --output-prefix /data/qwen3/corpus \
@@ -24,7 +25,7 @@ export NNODES="${NNODES-2}"
 export NPROC_PER_NODE="${NPROC_PER_NODE-8}"
 export TP="${TP-2}"
 export PP="${PP-4}"
-export CP="${CP-1}"
+export CP="${CP-2}"
 export VPP="${VPP-0}"
 export EP="${EP-1}"
 export MICRO_BATCH_SIZE="${MICRO_BATCH_SIZE-1}"
@@ -40,8 +41,8 @@ export MOE_ROUTER_TOPK="${MOE_ROUTER_TOPK-8}"
 export MOE_FFN_HIDDEN_SIZE="${MOE_FFN_HIDDEN_SIZE-768}"
 export SEQ_LENGTH="${SEQ_LENGTH-4096}"
 export GLOBAL_BATCH_SIZE="${GLOBAL_BATCH_SIZE-256}"
-export FIRST_STAGE_LAYERS="${FIRST_STAGE_LAYERS-10}"
-export LAST_STAGE_LAYERS="${LAST_STAGE_LAYERS-10}"
+export FIRST_STAGE_LAYERS="${FIRST_STAGE_LAYERS-}"  # even stages
+export LAST_STAGE_LAYERS="${LAST_STAGE_LAYERS-}"
 export HOSTS="${HOSTS-$(seq -f '192.168.10.%g' -s , 1 "$NNODES")}"  # bootstrap addresses, node-rank order
 export DATA_PATH="${DATA_PATH-/data/qwen3/corpus_text_document}"
 export TOKENIZER_TYPE="${TOKENIZER_TYPE-HuggingFaceTokenizer}"

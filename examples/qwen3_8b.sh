@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Qwen3-8B pretraining on 1 Atlas 800T A2 node (8 x 910B, 64 GB).
-# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster:
-#   megatron-npu plan --search --nnodes 1 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 128
+# Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster
+# (--vocab-size: the Hugging Face config's vocab_size, the converted embedding's rows):
+#   megatron-npu plan --search --nnodes 1 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 128 --vocab-size 151936
 #   TP 2 x DP 4, micro-batch 1, no recompute, distributed optimizer, sequence parallelism;
-#   predicted memory: 56.2 GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
+#   predicted memory: 56.3 GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
 #   predicted throughput: 4,083 tokens/s per NPU, MFU 56.6% (a model: megatron_npu/layout/step_time.py).
 #
 # Data and checkpoint (once, on shared storage):

@@ -5,10 +5,16 @@
   recipe's world size (what ``megatron-npu plan`` reads too).
 * scaled down (one torchrun job per recipe, on the cpu target): the same script and flags with tiny
   sizes and a 2-rank layout through its documented environment variables, 2 iterations.
+* the header's figures (no process): the predicted memory per card each header states is what ``plan``
+  predicts for the recipe's default layout and flags (read from the script's text; the dry-run test checks
+  they are the flags the script runs), and that layout fits the card, so the headers cannot go stale.
 """
 
 from __future__ import annotations
 
+import argparse
+import ast
+import operator
 import os
 import re
 import shlex
@@ -106,6 +112,79 @@ def dry_run_command(name: str) -> list[str]:
     return argv[argv.index(next(a for a in argv if a.endswith("pretrain_gpt.py"))) + 1 :]
 
 
+# the flags of the dry-run command that change no byte of the plan (data, checkpoints, logs, the schedule)
+NOT_PLANNED = set(
+    "--train-iters --lr --min-lr --lr-decay-style --lr-warmup-iters --distributed-backend --data-path --split "
+    "--tokenizer-type --tokenizer-model --exit-signal-handler --save --save-interval --ckpt-format --load "
+    "--log-interval --eval-interval --eval-iters --timing-log-level --log-dir --tensorboard-dir".split()
+)
+ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+
+
+def recipe_defaults(name: str) -> dict[str, str]:
+    """The recipe's environment defaults: its ``export NAME="${NAME-default}"`` lines."""
+    text = (EXAMPLES / f"{name}.sh").read_text()
+    return dict(re.findall(r'^export (\w+)="\$\{\1-(.*)\}"', text, flags=re.M))
+
+
+def _bash_arithmetic(expr: str, env: dict[str, str]) -> str:
+    """``$(( ... ))`` of names and integers with + - * / (what the recipes' flags use)."""
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.BinOp) and type(node.op) in ARITHMETIC:
+            return ARITHMETIC[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.Name):
+            return int(env[node.id])
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        raise ValueError(f"not a recipe's arithmetic: {expr}")
+
+    return str(value(ast.parse(expr.replace("/", "//"), mode="eval").body))
+
+
+def _expand(token: str, env: dict[str, str]) -> str:
+    token = re.sub(r"\$\(\((.*?)\)\)", lambda m: _bash_arithmetic(m.group(1), env), token)
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: env[m.group(1)], token)
+
+
+def recipe_flags(name: str) -> list[str]:
+    """pretrain_gpt.py's flags the recipe's defaults give, read from its text without running it: the
+    launcher's model and layout flags (scripts/pretrain_gpt_8x2.sh, examples/lib/launch.sh at their defaults)
+    and the recipe's ARGS. test_dry_run_prints_a_command_the_trainer_accepts checks they are the dry run's."""
+    env = recipe_defaults(name)
+    seq = env["SEQ_LENGTH"]
+    flags = ["--tensor-model-parallel-size", env["TP"], "--pipeline-model-parallel-size", env["PP"]]
+    flags += ["--num-layers", env["NUM_LAYERS"], "--hidden-size", env["HIDDEN_SIZE"]]
+    flags += ["--num-attention-heads", env["NUM_ATTENTION_HEADS"], "--seq-length", seq]
+    flags += ["--max-position-embeddings", env.get("MAX_POSITION_EMBEDDINGS", seq)]
+    flags += ["--micro-batch-size", env["MICRO_BATCH_SIZE"], "--global-batch-size", env["GLOBAL_BATCH_SIZE"]]
+    flags += ["--sequence-parallel"] if env.get("SEQUENCE_PARALLEL", "1") == "1" else []
+    flags += ["--bf16"]
+    flags += ["--use-distributed-optimizer"] if env.get("DISTRIBUTED_OPTIMIZER", "1") == "1" else []
+    flags += ["--context-parallel-size", env["CP"]] if env["CP"] != "1" else []
+    block = re.search(r"^ARGS=\((.*?)^\)", (EXAMPLES / f"{name}.sh").read_text(), flags=re.M | re.S).group(1)
+    flags += [_expand(tok, env) for tok in shlex.split(block)]
+    flags += ["--num-virtual-stages-per-pipeline-rank", env["VPP"]] if env.get("VPP", "0") != "0" else []
+    flags += ["--expert-model-parallel-size", env["EP"]] if env.get("EP", "1") != "1" else []
+    if env.get("FIRST_STAGE_LAYERS"):
+        flags += ["--decoder-first-pipeline-num-layers", env["FIRST_STAGE_LAYERS"]]
+        flags += ["--decoder-last-pipeline-num-layers", env["LAST_STAGE_LAYERS"]]
+    if env["RECOMPUTE"] == "full":
+        flags += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    return flags
+
+
+def _flag_groups(argv: list[str]) -> list[tuple[str, ...]]:
+    """Each flag with its values, in a canonical order (a command's flags compared as a set)."""
+    groups: list[list[str]] = []
+    for tok in argv:
+        if tok.startswith("--"):
+            groups.append([tok])
+        else:
+            groups[-1].append(tok)
+    return sorted(tuple(g) for g in groups if g[0] not in NOT_PLANNED)
+
+
 def test_there_is_a_recipe_per_family():
     assert set(RECIPES) >= {
         "llama31_8b",
@@ -139,6 +218,48 @@ def test_dry_run_prints_a_command_the_trainer_accepts(name):
         parse_trainer_args([*argv, "--vocab-size", "1024"], world)
     except ConfigError as exc:
         pytest.fail(f"{name}: {exc}")
+    # the flags the header test reads from the script's text are the ones it runs
+    assert _flag_groups(argv) == _flag_groups(recipe_flags(name))
+
+
+def header_memory_gb(text: str) -> list[float]:
+    """The header's predicted memory per card: one figure, or first stage / middle stages at most / last."""
+    line = re.search(r"predicted memory: ([^\n]*?) GB per card", text).group(1)
+    return [float(x) for x in re.findall(r"\d+\.\d+", line)]
+
+
+def planned_memory_gb(name: str) -> tuple[list[float], float]:
+    """``plan``'s predicted memory per pipeline stage (GB) for the recipe's defaults, and the limit a card allows."""
+    from megatron_npu.accelerator.facts import PLANNING_FACTS
+    from megatron_npu.plan.cli import GB, memory_by_stage
+    from megatron_npu.plan.flags import parse_trainer_args, rank_map_for, specs_from_args
+    from megatron_npu.plan.search import HEADROOM
+
+    text = (EXAMPLES / f"{name}.sh").read_text()
+    env = recipe_defaults(name)
+    # the vocabulary the header's plan command gives (the tokenizer's; not a flag of the recipe)
+    vocab = re.search(r"megatron-npu plan --search[^\n]*--vocab-size (\d+)", text).group(1)
+    launcher = argparse.Namespace(nnodes=int(env["NNODES"]), nproc_per_node=int(env["NPROC_PER_NODE"]), hosts=None)
+    args = parse_trainer_args([*recipe_flags(name), "--vocab-size", vocab], launcher.nnodes * launcher.nproc_per_node)
+    model, _ = specs_from_args(args)
+    stages = [m.total_bytes / GB for m in memory_by_stage(model, rank_map_for(args, launcher), args)]
+    return stages, PLANNING_FACTS.device_memory_gb * (1 - HEADROOM)
+
+
+def header_figures(stages: list[float]) -> list[float]:
+    """What a header states of the stages: one stage its figure; else the first, the largest middle one, the last."""
+    if len(stages) == 1:
+        return stages
+    return [stages[0], *([max(stages[1:-1])] if len(stages) > 2 else []), stages[-1]]
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_header_memory_is_what_plan_predicts_and_fits(name):
+    stages, limit = planned_memory_gb(name)
+    header = header_memory_gb((EXAMPLES / f"{name}.sh").read_text())
+    expected = [round(x, 1) for x in header_figures(stages)]
+    assert header == expected, f"{name}: plan predicts {[f'{x:.2f}' for x in stages]} GB per stage"
+    assert max(stages) <= limit, f"{name}: {max(stages):.1f} GB per card > {limit:.1f} GB"
 
 
 @pytest.mark.launch
