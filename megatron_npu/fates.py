@@ -89,7 +89,6 @@ TE = "Transformer Engine is CUDA-only"
 CUDA_GRAPH = "CUDA graphs are CUDA-only"
 DEEPEP = "the flex dispatcher runs on DeepEP / HybridEP, CUDA-only kernels"
 DROP = "drop the flag"
-GC = "the trainer keeps Python's default garbage collector"
 NO_HISTORY = "no allocator history is recorded"
 
 

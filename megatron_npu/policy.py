@@ -36,7 +36,6 @@ from .fates import (
     DEEPEP,
     DROP,
     FALSE,
-    GC,
     NO_HISTORY,
     TE,
     TRUE,
@@ -118,7 +117,6 @@ _FSDP = "hybrid sharding (HSDP) and FSDP buffer registration are not supported b
 _FSDP_INSTEAD = "use --use-megatron-fsdp or --use-torch-fsdp2 without it"
 _DROP = DROP
 _BF16 = "use --bf16"
-_GC = GC
 _NO_HISTORY = NO_HISTORY
 
 

@@ -18,6 +18,7 @@ from megatron_npu.training.config import params_dtype
 from megatron_npu.training.evaluation import Validator
 from megatron_npu.training.exit_policy import ExitPolicy
 from megatron_npu.training.faults import FaultPlan
+from megatron_npu.training.garbage_collection import GarbageCollection
 from megatron_npu.training.global_vars import print_rank_0
 from megatron_npu.training.memory_report import reported_step
 from megatron_npu.training.metrics import StepRecord, TrainingMetrics
@@ -70,22 +71,26 @@ class Trainer:
         self.validator = Validator(settings.schedule, settings.parallel, state, self.step)
         self.batch_schedule = BatchSizeSchedule(settings.schedule, settings.parallel, state, settings.rank)
         self.profiler = StepProfiler(settings.profiling, settings.logging.log_dir)
+        self.garbage_collection = GarbageCollection(settings.training)
         self.train_iters = settings.schedule.total_iterations()
 
     def train(self, train_iterators: list, valid_iterators: list | None) -> None:
         """Steps until --train-iters (or an exit condition), with evaluations and saves between them."""
         state = self.state
         metrics = self.training_metrics()
-        with ExitPolicy(self.args.schedule) as exit_policy:
+        with ExitPolicy(self.args.schedule) as exit_policy, self.garbage_collection as collector:
             while state.iteration < self.train_iters:
                 state.iteration += 1
                 metrics.write(self.train_one_step(train_iterators, metrics))
                 if valid_iterators is not None and self.validator.due(state.iteration):
+                    collector.before_evaluation()
                     self.validator.run(valid_iterators, f"at iteration {state.iteration}", metrics.writer)
+                    collector.after_evaluation()
                 self.checkpointer.publish_finished()
                 if self.checkpointer.due(state.iteration):
                     self.checkpointer.save()
                 metrics.end_of_iteration()
+                collector.after_step(state.iteration)
                 state.exit_reason = exit_policy.reason(state.iteration)
                 if state.exit_reason:
                     print_rank_0(f"exiting program {state.exit_reason}")

@@ -271,7 +271,7 @@ def test_a_flag_that_is_a_field_carries_its_fate_and_the_policy_keeps_only_the_o
                 assert row.flag in flags or (opposite and row.flag == opposite[0]), (field.name, row.flag)
     own = [row.flag for row in policy._NOT_FIELDS if not row.is_pattern and row.accepted is None]
     assert [flag for flag in own if flag in field_flags] == [], "a field's fate belongs on the field"
-    assert {row.flag for row in policy.FLAG_POLICY} >= {"--transformer-impl", "--manual-gc", "--fp8-format"}
+    assert {row.flag for row in policy.FLAG_POLICY} >= {"--transformer-impl", "--use-mcore-models", "--fp8-format"}
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ...fates import GC, FlagPolicy
+from ...fates import FlagPolicy
 from .base import Section, spec
 
 
@@ -178,21 +178,14 @@ class TrainingSection(Section):
     )
     """Deprecated no-op: megatron-core models are always used."""
 
-    manual_gc: bool = spec(False, fates=(FlagPolicy("--manual-gc", "ignored", GC),))
-    """Disable the threshold-based garbage collector and collect at chosen points instead."""
+    manual_gc: bool = False
+    """Disable the threshold-based garbage collector and collect at chosen points instead, the same on every
+    rank (training/garbage_collection.py)."""
 
-    manual_gc_interval: int = spec(0, fates=(FlagPolicy("--manual-gc-interval", "ignored", GC),))
+    manual_gc_interval: int = 0
     """Training step interval to trigger manual garbage collection (0: none between steps)."""
 
-    manual_gc_eval: bool = spec(
-        True,
-        "--no-manual-gc-eval",
-        "--disable-manual-gc-eval",
-        fates=(
-            FlagPolicy("--no-manual-gc-eval", "ignored", GC),
-            FlagPolicy("--disable-manual-gc-eval", "ignored", GC),
-        ),
-    )
+    manual_gc_eval: bool = spec(True, "--no-manual-gc-eval", "--disable-manual-gc-eval")
     """Under manual garbage collection, no collection at the start and end of each evaluation."""
 
 
