@@ -203,6 +203,17 @@ fi
 
 RANK_MAP_CMD=("$PYTHON" "$REPO_DIR/scripts/gen_rank_map.py" --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE"
               --tp "$TP" --pp "$PP" --cp "$CP" --num-layers "$NUM_LAYERS" --hosts "$HOSTS")
+# the layout flags among EXTRA_ARGS (a recipe's EP, virtual or uneven stages): the map checks the split the trainer makes
+read -r -a extra_words <<< "${EXTRA_ARGS:-}"
+for i in "${!extra_words[@]}"; do
+    case "${extra_words[$i]}" in
+        --expert-model-parallel-size|--expert-tensor-parallel-size|--num-virtual-stages-per-pipeline-rank|\
+        --decoder-first-pipeline-num-layers|--decoder-last-pipeline-num-layers|--pipeline-model-parallel-layout)
+            RANK_MAP_CMD+=("${extra_words[$i]}" "${extra_words[$((i + 1))]}") ;;
+        --account-for-embedding-in-pipeline-split|--account-for-loss-in-pipeline-split)
+            RANK_MAP_CMD+=("${extra_words[$i]}") ;;
+    esac
+done
 if [ "$RANK_MAP_CHECK" = "1" ]; then
     # refuses a TP group that would span nodes, or a layout that does not divide the world
     err_file=$(mktemp)

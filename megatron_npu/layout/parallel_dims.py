@@ -83,6 +83,17 @@ def arg_value(args: Any, key: str, default: Any = None) -> Any:
 
 
 @dataclass(frozen=True)
+class LayerSplit:
+    """How the layers are split over pipeline stages when not evenly (ParallelDims' fields of the same names)."""
+
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    embedding_in_split: bool = False
+    loss_in_split: bool = False
+    layout: str | None = None
+
+
+@dataclass(frozen=True)
 class ParallelDims:
     """A validated layout. ``nproc_per_node`` None: ranks per node unknown (no TP-in-node rule);
     ``devices_per_node`` None: the hardware is not known (migrate knows it: --npus-per-node)."""
@@ -132,6 +143,7 @@ class ParallelDims:
         flags: LayoutFlags = LAUNCH_FLAGS,
         etp: int | None = None,
         num_experts: int | None = None,
+        split: LayerSplit | None = None,
     ) -> ParallelDims:
         """A torchrun launch: world size from nnodes x nproc_per_node, or one node holding every rank."""
         if nnodes is not None and nproc_per_node is not None:
@@ -146,8 +158,26 @@ class ParallelDims:
             raise LayoutError(f"give the world size, or {flags.nnodes} and {flags.nproc_per_node}")
         else:
             world, nnodes, nproc_per_node = world_size, 1, world_size
+        split = split or LayerSplit()
         return cls(
-            world, tp, pp, cp, ep, vpp, nnodes, nproc_per_node, devices_per_node, num_layers, flags, etp, num_experts
+            world,
+            tp,
+            pp,
+            cp,
+            ep,
+            vpp,
+            nnodes,
+            nproc_per_node,
+            devices_per_node,
+            num_layers,
+            flags,
+            etp,
+            num_experts,
+            split.first_stage_layers,
+            split.last_stage_layers,
+            split.embedding_in_split,
+            split.loss_in_split,
+            split.layout,
         )
 
     @classmethod

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from megatron_npu.layout.cp_comm import placement_note
-from megatron_npu.layout.parallel_dims import LayoutError, ParallelDims
+from megatron_npu.layout.parallel_dims import LayerSplit, LayoutError, ParallelDims
 
 __all__ = ["LayoutError", "ParallelDims", "RankEntry", "RankMap", "build_rank_map", "rank_map_from_run"]
 
@@ -183,6 +183,7 @@ def build_rank_map(
     num_layers: int | None = None,
     etp: int | None = None,
     num_experts: int | None = None,
+    split: LayerSplit | None = None,
 ) -> RankMap:
     """A launch's map: torchrun's placement (node = rank // nproc_per_node) of a checked layout."""
     dims = ParallelDims.for_launch(
@@ -197,6 +198,7 @@ def build_rank_map(
         num_layers=num_layers,
         etp=etp,
         num_experts=num_experts,
+        split=split,
     )
     nproc = dims.nproc_per_node or dims.world_size
     if hosts is not None and len(hosts) != dims.nnodes:
@@ -321,11 +323,27 @@ def add_layout_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hosts", default=None, help="comma-separated host list, one per node")
 
 
+def add_layer_split_args(parser: argparse.ArgumentParser) -> None:
+    """The trainer's flags for splitting the layers over stages unevenly, so --num-layers is checked as it splits."""
+    for flag, what in (
+        ("--decoder-first-pipeline-num-layers", "layers of the first pipeline stage"),
+        ("--decoder-last-pipeline-num-layers", "layers of the last pipeline stage"),
+    ):
+        parser.add_argument(flag, type=int, default=None, help=what)
+    for flag, what in (
+        ("--account-for-embedding-in-pipeline-split", "the embedding counts as a layer"),
+        ("--account-for-loss-in-pipeline-split", "the loss counts as a layer"),
+    ):
+        parser.add_argument(flag, action="store_true", help=what)
+    parser.add_argument("--pipeline-model-parallel-layout", default=None, help="the layers' layout string")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="megatron-npu rankmap", description=__doc__.splitlines()[0])
     add_layout_args(parser)
     parser.add_argument("--json", action="store_true", help="print the rank map as JSON")
     parser.add_argument("--num-layers", type=int, default=None, help="also check PP (x VPP) divides the layers")
+    add_layer_split_args(parser)
     args = parser.parse_args(argv)
     hosts = args.hosts.split(",") if args.hosts else None
     try:
@@ -341,6 +359,13 @@ def main(argv: list[str] | None = None) -> int:
             num_layers=args.num_layers,
             etp=args.etp,
             num_experts=args.num_experts,
+            split=LayerSplit(
+                args.decoder_first_pipeline_num_layers,
+                args.decoder_last_pipeline_num_layers,
+                args.account_for_embedding_in_pipeline_split,
+                args.account_for_loss_in_pipeline_split,
+                args.pipeline_model_parallel_layout,
+            ),
         )
     except LayoutError as exc:
         print(f"megatron-npu rankmap: error: {exc}", file=sys.stderr)

@@ -104,7 +104,7 @@ def dry_run_command(name: str) -> list[str]:
         capture_output=True,
         text=True,
         timeout=300,
-        env=env | {"RANK_MAP_CHECK": "0"},
+        env=env | {"RANK_MAP_CHECK": "1"},  # as a user runs it: the launcher checks the rank map first
     )
     assert out.returncode == 0, out.stderr[-2000:]
     line = next(x for x in out.stdout.splitlines() if "pretrain_gpt.py" in x)

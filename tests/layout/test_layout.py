@@ -353,6 +353,20 @@ def test_cli_json_table_and_refusal(capsys):
     assert err.startswith("megatron-npu rankmap: error: TP=16 would span nodes") and "Traceback" not in err
 
 
+def test_cli_checks_the_layers_as_uneven_stages_and_layout_strings_split_them(capsys):
+    """DeepSeek-V3's 61 layers: PP 2 splits them only with uneven end stages (what its recipe passes)."""
+    base = ["--nnodes", "1", "--nproc-per-node", "8", "--tp", "4", "--pp", "2", "--num-layers", "61"]
+    assert rankmap.main(base) == 2
+    assert "61 is not divisible by --pp 2" in capsys.readouterr().err
+    uneven = ["--decoder-first-pipeline-num-layers", "31", "--decoder-last-pipeline-num-layers", "30"]
+    assert rankmap.main([*base, *uneven]) == 0
+    assert "PP=2" in capsys.readouterr().out
+    too_many = ["--decoder-first-pipeline-num-layers", "31", "--decoder-last-pipeline-num-layers", "31"]
+    assert rankmap.main([*base, *too_many]) == 2
+    assert "megatron-npu rankmap: error:" in capsys.readouterr().err
+    assert rankmap.main([*base, "--pipeline-model-parallel-layout", "Et*30|t*31L"]) == 0
+
+
 # ---- planner ----------------------------------------------------------------------------------
 SMALL = dict(
     num_layers=4,
