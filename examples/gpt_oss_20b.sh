@@ -3,9 +3,9 @@
 # Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster
 # (--vocab-size: the Hugging Face config's vocab_size, the converted embedding's rows):
 #   megatron-npu plan --search --nnodes 1 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 128 --vocab-size 201088
-#   TP 4 x DP 2, micro-batch 1, no recompute, distributed optimizer, sequence parallelism;
-#   predicted memory: 50.8 GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
-#   predicted throughput: 9,389 tokens/s per NPU, MFU 48.1% (a model: megatron_npu/layout/step_time.py).
+#   TP 1 x DP 8 (EP 4: gpt-oss's biased experts train at expert TP 1), micro-batch 1, full recompute,
+#   distributed optimizer; predicted memory: 55.7 GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
+#   predicted throughput: 8,219 tokens/s per NPU, MFU 42.1% (a model: megatron_npu/layout/step_time.py).
 #
 # Data and checkpoint (once, on shared storage):
 #   megatron-npu preprocess --input corpus.jsonl --output-prefix /data/gpt-oss/corpus \
@@ -23,13 +23,13 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 export NNODES="${NNODES-1}"
 export NPROC_PER_NODE="${NPROC_PER_NODE-8}"
-export TP="${TP-4}"
+export TP="${TP-1}"
 export PP="${PP-1}"
 export CP="${CP-1}"
 export VPP="${VPP-0}"
-export EP="${EP-1}"
+export EP="${EP-4}"
 export MICRO_BATCH_SIZE="${MICRO_BATCH_SIZE-1}"
-export RECOMPUTE="${RECOMPUTE-none}"
+export RECOMPUTE="${RECOMPUTE-full}"
 export NUM_LAYERS="${NUM_LAYERS-24}"
 export HIDDEN_SIZE="${HIDDEN_SIZE-2880}"
 export NUM_ATTENTION_HEADS="${NUM_ATTENTION_HEADS-64}"
@@ -53,7 +53,7 @@ ARGS=(
     --group-query-attention --num-query-groups "$NUM_QUERY_GROUPS" --kv-channels "$KV_CHANNELS" --ffn-hidden-size "$FFN_HIDDEN_SIZE"
     --num-experts "$NUM_EXPERTS" --moe-router-topk "$MOE_ROUTER_TOPK" --moe-ffn-hidden-size "$FFN_HIDDEN_SIZE" --moe-token-dispatcher-type alltoall --moe-grouped-gemm --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-3
     --window-size "$WINDOW,0" --window-attn-skip-freq 2 --softmax-type learnable
-    --quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value 7.0 --add-qkv-bias --disable-bias-linear
+    --quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value 7.0 --add-qkv-bias
     --normalization RMSNorm --position-embedding-type rope --rotary-base 150000 --untie-embeddings-and-output-weights --attention-dropout 0 --hidden-dropout 0
     --use-flash-attn
 )
