@@ -49,6 +49,15 @@ TRAINER_FLAGS = LayoutFlags(
 )
 
 
+def layout_stages(layout: str) -> list[str]:
+    """The virtual stages of --pipeline-model-parallel-layout ("|"-separated, each a string of E embedding,
+    t decoder layer, m MTP layer, L loss), after megatron-core's unrolling of ``(...)*n``, then ``x*n``."""
+    text = layout.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+    return text.split("|")
+
+
 def _layout_virtual_stages(layout: str, pp: int, per_vstage: Any, vstages: Any) -> int | None:
     """The virtual stages of --pipeline-model-parallel-layout: its stages ("|"-separated, after
     megatron-core's unrolling of ``(...)*n`` and ``x*n``) over PP (Megatron-LM's validate_args)."""
@@ -57,10 +66,7 @@ def _layout_virtual_stages(layout: str, pp: int, per_vstage: Any, vstages: Any) 
             "--pipeline-model-parallel-layout sets the virtual stages itself: drop "
             "--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank"
         )
-    text = layout.replace(",", "")
-    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
-    stages = len(text.split("|"))
+    stages = len(layout_stages(layout))
     if stages % pp:
         raise LayoutError(
             f"--pipeline-model-parallel-layout {layout!r} has {stages} stages, not a multiple of "

@@ -11,18 +11,13 @@ virtual stage's ``t`` count). The rules' errors are ``ParallelDims.check_num_lay
 
 from __future__ import annotations
 
-import re
-
-from megatron_npu.layout.parallel_dims import ParallelDims
+from megatron_npu.layout.parallel_dims import ParallelDims, layout_stages
 
 
 def _layout_counts(layout: str) -> list[int]:
     """Decoder layers per virtual stage of --pipeline-model-parallel-layout (``t``; ``E``, ``L``, ``m`` are
     the embedding, the loss and MTP), after megatron-core's unrolling of ``(...)*n`` and ``x*n``."""
-    text = layout.replace(",", "")
-    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
-    return [stage.count("t") for stage in text.split("|")]
+    return [stage.count("t") for stage in layout_stages(layout)]
 
 
 def virtual_stage_layers(dims: ParallelDims, num_layers: int) -> list[int]:

@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..layout.model_shape import ModelShape
-from ..layout.parallel_dims import TRAINER_FLAGS, LayoutError, ParallelDims
+from ..layout.parallel_dims import TRAINER_FLAGS, LayoutError, ParallelDims, layout_stages
 from ..policy import TOKENIZER_TYPES, ConfigError
 from .data_checks import check_indexed_dataset
 from .fsdp_args import check_fsdp_args
@@ -490,10 +489,7 @@ def _check_pipeline_layout(args: argparse.Namespace, pp: int) -> None:
     if any(others.values()):  # megatron-core's TransformerConfig raises the same
         given = " ".join(name for name, set_ in others.items() if set_)
         raise ConfigError(f"{flag} places every layer, the embedding and the loss itself: drop {given}")
-    text = layout.replace(",", "")
-    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):  # megatron-core's unrolling of (...)*n, then x*n
-        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
-    problem = _pipeline_layout_problem(args, text.split("|"), pp)
+    problem = _pipeline_layout_problem(args, layout_stages(layout), pp)
     if problem:
         raise ConfigError(f"{flag} {problem}")
 
