@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 
@@ -164,7 +164,6 @@ class ParallelDims:
             raise LayoutError(f"give the world size, or {flags.nnodes} and {flags.nproc_per_node}")
         else:
             world, nnodes, nproc_per_node = world_size, 1, world_size
-        split = split or LayerSplit()
         return cls(
             world,
             tp,
@@ -179,11 +178,7 @@ class ParallelDims:
             flags,
             etp,
             num_experts,
-            split.first_stage_layers,
-            split.last_stage_layers,
-            split.embedding_in_split,
-            split.loss_in_split,
-            split.layout,
+            **asdict(split or LayerSplit()),
         )
 
     @classmethod
