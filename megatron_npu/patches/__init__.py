@@ -20,6 +20,7 @@ from . import (  # noqa: F401  (importing registers the patches)
     megatron_training,
     moe,
     moe_expert_bias,
+    mtp_context_parallel,
     optimizer,
     pipeline_parallel,
     release_fixes,
