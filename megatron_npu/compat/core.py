@@ -188,6 +188,13 @@ def check_mtp_support() -> None:
             )
 
 
+def checkpoint_write_results_queue() -> Any:
+    """The queue megatron-core's checkpoint writers report their results through, its spawned Manager started on
+    the first call: ``filesystem_async.get_write_results_queue`` (0.17+), ``_get_write_results_queue`` before."""
+    module = "megatron.core.dist_checkpointing.strategies.filesystem_async"
+    return (find(module, "get_write_results_queue") or find(module, "_get_write_results_queue"))()
+
+
 def mtp_on_this_rank(config: Any) -> bool:
     """megatron-core's ``mtp_on_this_rank`` (0.16+; check_mtp_support refuses MTP where it is missing)."""
     return find("megatron.core.transformer.multi_token_prediction", "mtp_on_this_rank")(config, ignore_virtual=True)

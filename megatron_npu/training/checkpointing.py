@@ -33,11 +33,10 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
-from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
 from megatron_npu.accelerator import get_accelerator
-from megatron_npu.compat import fully_reshardable_optimizer_formats, unwrap_model
+from megatron_npu.compat import checkpoint_write_results_queue, fully_reshardable_optimizer_formats, unwrap_model
 from megatron_npu.training import fsdp
 from megatron_npu.training.arguments import ConfigError
 from megatron_npu.training.checkpoint_format import (
@@ -226,9 +225,9 @@ def start_save_service() -> None:
     megatron-core starts it at the first save that has data to write (a synchronous save runs the same async
     writer), inside that save's blocking part: 3.96 of the first --async-save's 4.36 s stall (profiled on
     benchmarks/async_save.py's model). Started here, from the main thread (its parent-death signal follows the
-    thread that starts it: megatron_npu/lifetime.py), every save finds it running. The name is private;
-    Megatron-LM's own async_utils reads the same module's global."""
-    filesystem_async._get_write_results_queue()
+    thread that starts it: megatron_npu/lifetime.py), every save finds it running. The getter is private before
+    megatron-core 0.17 (compat); Megatron-LM's own async_utils reads the same module's global."""
+    checkpoint_write_results_queue()
 
 
 def _finish_save(root: str, partial: str, final: str, iteration: int, in_save: Callable[[int], None] | None) -> None:
