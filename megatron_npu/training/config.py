@@ -109,6 +109,7 @@ def _derived_fields(args: argparse.Namespace) -> dict[str, Any]:
     dtype = DTYPES[args.params_dtype]
     fields: dict[str, Any] = {
         "layernorm_epsilon": args.norm_epsilon,
+        "layernorm_zero_centered_gamma": args.apply_layernorm_1p,
         "add_qkv_bias": args.add_qkv_bias or args.add_bias_linear,
         "gated_linear_unit": gated,
         "activation_func": activation,

@@ -145,9 +145,8 @@ def test_llama3_8b_fp8_refused_and_bf16_variant_accepted():
     assert msg.startswith("--fp8-format") and "no fp8" in msg and "--bf16" in msg
 
     bf16 = without(fixture("llama3_8b_fp8.sh"), "--fp8")
-    # the recipe's zero-centered gamma is Transformer Engine's: refused at parsing, in the policy's words
-    assert error(base=bf16, world_size=8).startswith("--apply-layernorm-1p is not supported: zero-centered-gamma")
-    args = parse_args(without(bf16, "--apply-layernorm-1p"), world_size=8, check_paths=False)
+    args = parse_args(bf16, world_size=8, check_paths=False)
+    assert args.apply_layernorm_1p  # the recipe's zero-centered norm weights (ops/norm.py)
     assert args.num_query_groups == 8 and args.kv_channels == 128 and args.ffn_hidden_size == 14336
     assert args.rotary_base == 1000000 and args.position_embedding_type == "rope"
     assert args.train_samples == 1953125000 and args.train_iters is None

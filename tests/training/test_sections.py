@@ -287,10 +287,6 @@ def test_a_flag_that_is_a_field_carries_its_fate_and_the_policy_keeps_only_the_o
             "--use-tp-pp-dp-mapping is not supported: rank maps, rank tables and checks assume megatron-core's "
             "default order; drop it (the order is tp-cp-ep-dp-pp)",
         ),
-        (
-            ["--apply-layernorm-1p"],
-            "--apply-layernorm-1p is not supported: zero-centered-gamma norms need Transformer Engine; drop the flag",
-        ),
     ],
 )
 def test_a_refused_field_is_refused_after_parsing_in_the_policys_words(flags, message):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ...fates import DROP, ConfigError, FlagPolicy
+from ...fates import ConfigError, FlagPolicy
 from ...layout.moe import moe_freq_type
 from ..model_args import tuple_type
 from .base import Section, spec
@@ -126,19 +126,8 @@ class ModelSection(Section):
     norm_epsilon: float = 1e-5
     """Epsilon for layer norm and RMS norm."""
 
-    apply_layernorm_1p: bool = spec(
-        False,
-        fates=(
-            FlagPolicy(
-                "--apply-layernorm-1p",
-                "refused",
-                "zero-centered-gamma norms need Transformer Engine",
-                DROP,
-                scope="device",
-            ),
-        ),
-    )
-    """Zero-centered LayerNorm weights."""
+    apply_layernorm_1p: bool = False
+    """Zero-centered norm weights: stored as gamma - 1 and applied as 1 + weight (ops/norm.py)."""
 
     apply_residual_connection_post_layernorm: bool = False
     """Use original BERT residual connection ordering."""
