@@ -25,6 +25,7 @@ import functools
 import os
 import random
 import shutil
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -226,8 +227,16 @@ def start_save_service() -> None:
     writer), inside that save's blocking part: 3.96 of the first --async-save's 4.36 s stall (profiled on
     benchmarks/async_save.py's model). Started here, from the main thread (its parent-death signal follows the
     thread that starts it: megatron_npu/lifetime.py), every save finds it running. The getter is private before
-    megatron-core 0.17 (compat); Megatron-LM's own async_utils reads the same module's global."""
-    checkpoint_write_results_queue()
+    megatron-core 0.17 (compat); Megatron-LM's own async_utils reads the same module's global.
+
+    The Manager is started with SIGTERM ignored (a disposition kept across spawn's exec): a preemption's SIGTERM,
+    which torchrun sends to each rank's whole process group, would otherwise end it before the rank's
+    --exit-signal-handler save, which needs it. It still ends with its rank (its parent-death signal is SIGKILL)."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        checkpoint_write_results_queue()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _finish_save(root: str, partial: str, final: str, iteration: int, in_save: Callable[[int], None] | None) -> None:
