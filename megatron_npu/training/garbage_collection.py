@@ -23,7 +23,7 @@ class GarbageCollection:
         self.manual = training.manual_gc
         self.interval = training.manual_gc_interval
         self.around_evaluation = training.manual_gc_eval
-        self._was_enabled = gc.isenabled()
+        self._was_enabled = False  # the collector's state when the loop began (__enter__, under --manual-gc)
 
     def __enter__(self) -> GarbageCollection:
         if self.manual:
