@@ -164,20 +164,27 @@ class ParallelDims:
             raise LayoutError(f"give the world size, or {flags.nnodes} and {flags.nproc_per_node}")
         else:
             world, nnodes, nproc_per_node = world_size, 1, world_size
+        degrees = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "etp": etp, "num_experts": num_experts}
+        placement = {"nnodes": nnodes, "nproc_per_node": nproc_per_node, "devices_per_node": devices_per_node}
+        return cls._build(world, degrees, placement, num_layers, flags, split)
+
+    @classmethod
+    def _build(
+        cls,
+        world_size: int,
+        degrees: Mapping[str, int | None],
+        placement: Mapping[str, int | None],
+        num_layers: int | None,
+        flags: LayoutFlags,
+        split: LayerSplit | None,
+    ) -> ParallelDims:
+        """The one constructor call of for_launch and from_args: every field by its name."""
         return cls(
-            world,
-            tp,
-            pp,
-            cp,
-            ep,
-            vpp,
-            nnodes,
-            nproc_per_node,
-            devices_per_node,
-            num_layers,
-            flags,
-            etp,
-            num_experts,
+            world_size=world_size,
+            num_layers=num_layers,
+            flags=flags,
+            **degrees,  # type: ignore[arg-type]
+            **placement,  # type: ignore[arg-type]
             **asdict(split or LayerSplit()),
         )
 
@@ -229,29 +236,16 @@ class ParallelDims:
         ep = int(arg_value(args, "expert_model_parallel_size", 1))
         etp = arg_value(args, "expert_tensor_parallel_size")
         experts = arg_value(args, "num_experts")
-        uneven = {
-            "first_stage_layers": arg_value(args, "decoder_first_pipeline_num_layers"),
-            "last_stage_layers": arg_value(args, "decoder_last_pipeline_num_layers"),
-            "embedding_in_split": bool(arg_value(args, "account_for_embedding_in_pipeline_split", False)),
-            "loss_in_split": bool(arg_value(args, "account_for_loss_in_pipeline_split", False)),
-            "layout": layout,
-        }
-        return cls(
-            world_size,
-            tp,
-            pp,
-            cp,
-            ep,
-            vpp,
-            nnodes,
-            nproc_per_node,
-            devices_per_node,
-            num_layers,
-            flags,
-            etp,
-            experts or 0,
-            **uneven,
+        split = LayerSplit(
+            first_stage_layers=arg_value(args, "decoder_first_pipeline_num_layers"),
+            last_stage_layers=arg_value(args, "decoder_last_pipeline_num_layers"),
+            embedding_in_split=bool(arg_value(args, "account_for_embedding_in_pipeline_split", False)),
+            loss_in_split=bool(arg_value(args, "account_for_loss_in_pipeline_split", False)),
+            layout=layout,
         )
+        degrees = {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "vpp": vpp, "etp": etp, "num_experts": experts or 0}
+        placement = {"nnodes": nnodes, "nproc_per_node": nproc_per_node, "devices_per_node": devices_per_node}
+        return cls._build(world_size, degrees, placement, num_layers, flags, split)
 
     # ---- rules --------------------------------------------------------------------------------
     def _validate(self) -> None:
