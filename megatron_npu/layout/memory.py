@@ -397,7 +397,9 @@ def _mtp_layer(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: in
     concatenation, [s, b, 2h]), ``layer`` (a layer of the decoder's last kind) and its final norm; then
     its share of the output layer's input (one concatenation of the decoder's and the MTP layers' hidden
     states), its own cross-entropy, and the loss mask and the scaled loss MTPLossAutoScaler keeps. Full
-    recompute checkpoints the projection, the layer and the final norm, keeping their two inputs."""
+    uniform recompute checkpoints the projection, the layer and the final norm, keeping their two inputs;
+    under full block recompute megatron-core 0.16.1 runs the MTP layer without it (a warning: "not
+    supported for MTP yet"), so it keeps everything."""
     tp, b, s, h = dims.tp, model.micro_batch_size, model.seq_length // dims.cp, model.hidden_size
     sp = st.sequence_parallel and tp > 1
     tokens, shard = s * b, s * b // (tp if sp else 1)
@@ -407,7 +409,7 @@ def _mtp_layer(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: in
         unit += (tokens - shard) * h * act
     rest = _embedding(model, st, dims) + _output(model, st, dims, act) - _norm(model, st, shard, h, act)
     rest += 2 * tokens * 4 + 4  # the rolled loss mask, the scaled per-token loss, the token count
-    if st.recompute_granularity == "full":
+    if st.recompute_granularity == "full" and st.recompute_method == "uniform":
         inputs = 2 * shard * h * act
         return rest + inputs, unit, inputs
     return rest + unit, 0, 0

@@ -1,7 +1,7 @@
 """The per-rank memory model (megatron_npu/layout/memory.py) against the bytes real megatron-core steps hold.
 
-One torchrun job of 4 ranks runs 25 layouts of a small GPT, a small MoE, a DeepSeek-V3-style MLA + MTP
-model (with and without a q low rank and QK norms), gpt-oss-style attention (sliding windows on every
+One torchrun job of 4 ranks runs 27 layouts of a small GPT, a small MoE, a DeepSeek-V3-style MLA + MTP
+model (with and without a q low rank and QK norms, under full uniform and block recompute), gpt-oss-style attention (sliding windows on every
 other layer, learnable sinks) and uneven pipeline stages (first / last stage sizes, a pipeline layout)
 through the trainer's own builders, measured by megatron_npu.training.memory_report (what --memory-report
 writes): parameters, main_grad buffers and optimizer state must equal the prediction per rank, and the
@@ -43,6 +43,8 @@ EXACT_LAYOUTS = (
     "mla_kv_mtp_tp2_sp_bf16",
     "mla_kv_no_norm_mtp_pp2_dp2",
     "mla_mtp_layout_pp2_dp2",  # the final norm on the last decoder layer's chunk under MTP: state was off
+    "mla_mtp_pp2_dp2_full_uniform",
+    "mla_mtp_tp2_pp2_full_block",  # -17% on the MTP stage: megatron-core 0.16.1 does not recompute MTP under block
     "swa_sinks_tp2_pp2",  # the sinks' parameters were missing (state off), activations -4.5%
     "swa_sinks_dp4_distopt_bf16",
     "uneven_first1_pp2_dp2",
