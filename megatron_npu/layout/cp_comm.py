@@ -84,6 +84,13 @@ class CpCall:
         return 0
 
 
+def _pair(a: tuple[str, int], b: tuple[str, int]) -> list[tuple[str, int, int]]:
+    """(what, calls, payload) of two all-to-alls: one row when their payloads are equal."""
+    if a[1] == b[1]:
+        return [(f"{a[0]} and {b[0]}", 2, a[1])]
+    return [(a[0], 1, a[1]), (b[0], 1, b[1])]
+
+
 def cp_calls(
     *,
     seq_length: int,
@@ -96,16 +103,21 @@ def cp_calls(
     comm_type: str = "p2p",
     hierarchical_sizes: list[int] | None = None,
     dtype_bytes: int = 2,
+    v_head_dim: int | None = None,
 ) -> list[CpCall]:
-    """The calls one rank makes for one layer's core attention (ops/context_parallel.py, ops/cp_ring.py)."""
+    """The calls one rank makes for one layer's core attention (ops/context_parallel.py, ops/cp_ring.py).
+    ``head_dim``: the query / key head size; ``v_head_dim``: the value's (and the output's), None: the same
+    (multi-latent attention: ``qk_head_dim + qk_pos_emb_head_dim`` and ``v_head_dim``)."""
     if cp == 1:
         return []
     a2a, ring = split_sizes(comm_type, cp, hierarchical_sizes)
     tokens = seq_length // cp * micro_batch_size  # this rank's share before any all-to-all
     heads, groups = num_attention_heads // tp, max(num_query_groups // tp, 1)
-    q_bytes, kv_bytes = tokens * heads * head_dim * dtype_bytes, tokens * groups * head_dim * dtype_bytes
-    # after the all-to-all a rank holds A x the tokens and 1/A of the heads: the same element count
-    block, accumulator = 2 * kv_bytes, 2 * kv_bytes // dtype_bytes * ACCUMULATOR_BYTES
+    qk_elements, v_elements = tokens * head_dim, tokens * (head_dim if v_head_dim is None else v_head_dim)
+    q_bytes, out_bytes = heads * qk_elements * dtype_bytes, heads * v_elements * dtype_bytes
+    k_bytes, v_bytes = groups * qk_elements * dtype_bytes, groups * v_elements * dtype_bytes
+    # the ring's block is K and V side by side on the last dim; its accumulator the same elements in fp32
+    block, accumulator = k_bytes + v_bytes, (k_bytes + v_bytes) // dtype_bytes * ACCUMULATOR_BYTES
     out: list[CpCall] = []
     if ring > 1:  # every shift is one send and one receive of the same tensor
         for op in ("send", "recv"):
@@ -113,9 +125,10 @@ def cp_calls(
             out.append(CpCall("ring", op, "backward", "K/V block", ring - 1, block, ring))
             out.append(CpCall("ring", op, "backward", "dK/dV accumulator (fp32)", ring, accumulator, ring))
     if a2a > 1:  # q, k, v to the head split and the output back; their gradients the other way
+        # after the all-to-all a rank holds A x the tokens and 1/A of the heads: the same element count
+        tensors = _pair(("q", q_bytes), ("the output", out_bytes)) + _pair(("k", k_bytes), ("v", v_bytes))
         for phase in ("forward", "backward"):
-            out.append(CpCall("a2a", "all_to_all", phase, "q and the output", 2, q_bytes, a2a))
-            out.append(CpCall("a2a", "all_to_all", phase, "k, v", 2, kv_bytes, a2a))
+            out += [CpCall("a2a", "all_to_all", phase, what, calls, size, a2a) for what, calls, size in tensors]
     return out
 
 

@@ -94,6 +94,16 @@ class ModelSpec:
         )
 
     @property
+    def core_attention_heads(self) -> tuple[int, int, int]:
+        """(key / value heads, query / key head size, value head size) of what core attention receives:
+        under multi-latent attention q and k carry ``qk_head_dim + qk_pos_emb_head_dim``, v ``v_head_dim``,
+        and every attention head has its own k and v (megatron-core's MLASelfAttention; no query groups)."""
+        if self.multi_latent_attention:
+            return self.num_attention_heads, self.qk_head_dim + self.qk_pos_emb_head_dim, self.v_head_dim
+        shape = self.shape
+        return shape.num_query_groups, shape.kv_channels, shape.kv_channels
+
+    @property
     def ffn(self) -> int:
         return self.shape.ffn_hidden_size
 

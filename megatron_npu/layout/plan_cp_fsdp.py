@@ -71,7 +71,7 @@ def plan_cp(
     dtype_bytes: int,
 ) -> None:
     """One rank's CP attention calls: ``layers`` are the global indices of its transformer layers."""
-    shape = model.shape
+    kv_heads, qk_head_dim, v_head_dim = model.core_attention_heads
     cp_group = next(g for g in layout.groups["cp"] if rank in g)
     for layer in layers:
         comm_type = comm_type_of_layer(par.cp_comm_type, layer)
@@ -80,9 +80,10 @@ def plan_cp(
         calls = cp_calls(
             seq_length=model.seq_length,
             micro_batch_size=model.micro_batch_size,
-            num_attention_heads=shape.num_attention_heads,
-            num_query_groups=shape.num_query_groups,
-            head_dim=shape.kv_channels,
+            num_attention_heads=model.num_attention_heads,
+            num_query_groups=kv_heads,
+            head_dim=qk_head_dim,
+            v_head_dim=v_head_dim,
             tp=layout.dims.tp,
             cp=layout.dims.cp,
             comm_type=comm_type,

@@ -95,10 +95,7 @@ def _core_attention_flops(m: ModelSpec, layer: int) -> float:
     average (s / 2), or the sliding window's width where that is fewer (every layer but the
     --window-attn-skip-freq ones)."""
     heads = m.num_attention_heads
-    if m.multi_latent_attention:
-        qk, v = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
-    else:
-        qk = v = m.shape.kv_channels
+    _, qk, v = m.core_attention_heads
     keys = m.seq_length / 2
     if m.window_size is not None and not _full_attention_layer(m, layer):
         keys = min(keys, m.window_size[0] + 1)
