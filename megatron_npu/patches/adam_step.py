@@ -9,7 +9,9 @@ per-parameter states), torch's ``load_state_dict`` (``Adam.__setstate__``) under
 fp32 optimizers, and torch's next ``step()`` (``Adam._init_group``). Found by megatron-core's own
 ``dist_checkpointing/test_optimizer.py`` (64 failures: its helper initialises the state as
 ``init_state_fn`` does) and ``test_layer_wise_optimizer.py::test_layer_wise_optimizer_step`` (a step after it).
-On 0.12-0.19 the code is the same; with TE or Apex nothing here applies.
+The saved state reads as the loaded one: the mixed-precision and fp32 optimizers' ``state_dict`` completes too
+(``test_optimizer_common_state_dict``'s save/reload comparison). On 0.12-0.19 the code is the same; with TE or Apex
+nothing here applies.
 
 The answer is torch's own: a parameter whose state has no ``step`` has not been stepped, step 0
 (``torch.optim.Adam`` starts each state at 0.0 and counts from there).
@@ -132,6 +134,30 @@ for _owner in ("Float16OptimizerWithFloat16Params", "FP32Optimizer"):
         subsystem=SUBSYSTEM,
         megatron_versions=RELEASES,
     )(_completing_load)
+
+
+def _completing_state_dict(original: Callable, accelerator: Accelerator) -> Callable:
+    @functools.wraps(original)
+    def state_dict(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if is_torch_adam(getattr(self, "optimizer", None)):
+            complete_steps(self.optimizer.state.values())
+        return original(self, *args, **kwargs)
+
+    return state_dict
+
+
+# A loaded state is completed (above), so the saved one must read the same: megatron-core's suite compares an
+# optimizer's state_dict before a save with its reload's (dist_checkpointing/test_layer_wise_optimizer.py::
+# test_optimizer_common_state_dict, check_equal: the same keys).
+for _owner in ("Float16OptimizerWithFloat16Params", "FP32Optimizer"):
+    register(
+        f"optimizer.{_owner}.state_dict.torch_adam_step",
+        f"{_OPTIMIZER}:{_owner}.state_dict",
+        reason="returns init_state_fn's states without 'step' (FusedAdam's layout) while the same state loaded back "
+        "has one (torch Adam needs it): a save and its reload differ by the key; an unstepped state reads step 0",
+        subsystem=SUBSYSTEM,
+        megatron_versions=RELEASES,
+    )(_completing_state_dict)
 
 
 def _completing_step(original: Callable, accelerator: Accelerator) -> Callable:
