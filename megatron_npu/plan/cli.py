@@ -23,7 +23,7 @@ from megatron_npu.layout.memory import (
 from megatron_npu.layout.model_spec import ModelSpec
 from megatron_npu.layout.planner import HCCS_GBPS, ROCE_GBPS, plan
 from megatron_npu.layout.rankmap import LayoutError, RankMap
-from megatron_npu.layout.step_time import assumptions, comm_seconds, step_time
+from megatron_npu.layout.step_time import StepTime, assumptions, comm_seconds, step_time
 from megatron_npu.plan.flags import (
     DTYPE_FLAGS,
     SHORT_FLAGS,
@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"megatron-npu plan: error: {exc}", file=sys.stderr)
         return 2
     if a.json:
-        exposed, dp = comm_seconds(result)
-        t = step_time(model, rmap.dims, args.recompute_granularity, exposed, dp)
+        t = step_prediction(model, rmap, args, result)
         figures = {"tokens_per_s_per_npu": t.tokens_per_s_per_npu, "mfu": t.mfu, "step_s": t.step_s}
         out: dict[str, Any] = result.to_json() | {"memory": [m.to_json() for m in memory], "predicted": figures}
         print(json.dumps(out))
@@ -116,11 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def step_prediction(model: ModelSpec, rmap: RankMap, args: Any, result: Any) -> StepTime:
+    """The step-time model for this layout, its communication plan ``result``'s exposed seconds in it."""
+    exposed, dp = comm_seconds(result)
+    return step_time(model, rmap.dims, args.recompute_granularity, exposed, dp)
+
+
 def step_line(model: ModelSpec, rmap: RankMap, args: Any, result: Any) -> str:
     """The step-time model's figures for this layout, with its assumptions."""
-    recompute = args.recompute_granularity
-    exposed, dp = comm_seconds(result)
-    t = step_time(model, rmap.dims, recompute, exposed, dp)
+    t = step_prediction(model, rmap, args, result)
     return (
         f"predicted: {t.tokens_per_s_per_npu:,.0f} tokens/s per NPU, MFU {t.mfu:.1%}, step {t.step_s:.2f} s "
         f"(matmul {t.matmul_s:.2f}, attention {t.attention_s:.2f}, bubble {t.bubble_s:.2f}, exposed comm "
