@@ -3,6 +3,8 @@ also checked against what the CP attention hands to torch.distributed (tests/ops
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from megatron_npu.layout.cp_comm import CpTraffic, cp_traffic, placement_note, split_sizes
@@ -84,7 +86,8 @@ def _counted_cp_attention(comm_type: str, rank: int, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(context_parallel, "Ring", CountingRing)
     monkeypatch.setattr(context_parallel, "_all_to_all", all_to_all)
-    monkeypatch.setattr(context_parallel.dist, "get_world_size", lambda group: group.size())
+    # the module's torch.distributed: only the groups' sizes are asked for (no process group exists)
+    monkeypatch.setattr(context_parallel, "dist", types.SimpleNamespace(get_world_size=lambda group: group.size()))
     config = TransformerConfig(
         num_layers=1,
         hidden_size=64,
