@@ -474,7 +474,6 @@ _NOT_FIELDS: tuple[FlagPolicy, ...] = (
         FALSE,
     ),
     _ignored("--disable-gloo-process-groups", "megatron-core's gloo groups are kept", FALSE),
-    _ignored("--disable-ckpt-fully-parallel-save", "saves use megatron-core's default strategy", FALSE),
     *(
         _ignored(flag, "an NCCL communicator tuning; not applied", accepted)
         for flag, accepted in (

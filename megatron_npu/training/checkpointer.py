@@ -4,9 +4,11 @@ the files (checkpointing.py writes and reads those)."""
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Any
 
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 
 from megatron_npu.training import checkpointing
 from megatron_npu.training.faults import FaultPlan
@@ -42,6 +44,12 @@ class Checkpointer:
         # --async-save: megatron-core's queue of writes in flight (a forked writer per save, its default)
         self.async_queue = AsyncCallsQueue() if checkpoint.async_save else None
 
+    @functools.cached_property
+    def save_strategy(self) -> FullyParallelSaveStrategyWrapper | None:
+        """--ckpt-fully-parallel-save (the default): the DP ranks share the writing of replicated shards. Built at
+        the first save (it needs the DP group), kept for the others, as Megatron-LM keeps it."""
+        return checkpointing.save_strategy(self.checkpoint)
+
     def clean_unfinished(self) -> None:
         """A save killed part-way leaves ``iter_N.partial``: removed (and said) before anything else."""
         if self.checkpoint.save:
@@ -52,7 +60,13 @@ class Checkpointer:
         Then, for the saves to come, the process megatron-core's writers report through is started (not
         inside the first save's stall)."""
         if self.checkpoint.load:
-            loaded = checkpointing.load_checkpoint(self.model, self.optimizer, self.scheduler, self.megatron_args)
+            loaded = checkpointing.load_checkpoint(
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                self.megatron_args,
+                fully_parallel=self.checkpoint.ckpt_fully_parallel_load,
+            )
             self.state.load_state_dict(loaded.state_dict())
         self.first_iteration = self.state.iteration
         if self.checkpoint.save and self.checkpoint.ckpt_format == "torch_dist":
@@ -70,7 +84,14 @@ class Checkpointer:
                 chunk.disable_forward_pre_hook(param_sync=True)
         in_save = self.faults.fire_in_save if self.faults else None
         checkpointing.save_checkpoint(
-            self.state, self.model, self.optimizer, self.scheduler, self.megatron_args, in_save, self.async_queue
+            self.state,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.megatron_args,
+            in_save,
+            self.async_queue,
+            self.save_strategy,
         )
         if overlap:
             for chunk in self.model:

@@ -35,6 +35,14 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+    FullyParallelLoadStrategyWrapper,
+    FullyParallelSaveStrategyWrapper,
+)
+from megatron.core.dist_checkpointing.strategies.torch import (
+    TorchDistLoadShardedStrategy,
+    TorchDistSaveShardedStrategy,
+)
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.compat import checkpoint_write_results_queue, fully_reshardable_optimizer_formats, unwrap_model
@@ -51,6 +59,7 @@ from megatron_npu.training.checkpoint_format import (
 from megatron_npu.training.global_vars import print_rank_0
 from megatron_npu.training.moe_checkpoint import adapt_optimizer_state, saved_optimizer_count
 from megatron_npu.training.run_state import RunState
+from megatron_npu.training.sections import CheckpointSection
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -150,6 +159,20 @@ def _sharded_state(
     return state
 
 
+def save_strategy(checkpoint: CheckpointSection) -> FullyParallelSaveStrategyWrapper | None:
+    """The torch_dist save strategy of Megatron-LM's save_checkpoint: under --ckpt-fully-parallel-save (its
+    default) megatron-core's ``FullyParallelSaveStrategyWrapper`` over the DP x CP group, which spreads the writing
+    of what is replicated over DP (the weights, and the distributed optimizer's fully reshardable state, gathered on
+    every DP rank) evenly over its ranks; else None (megatron-core's default: DP rank 0 writes each replica).
+    The distribution is planned afresh at every save (--ckpt-assume-constant-structure is ignored). Every rank,
+    once the process groups exist. ``TorchDistSaveShardedStrategy("torch_dist", 1)`` is megatron-core's default
+    strategy, constructed alike on 0.12-0.19 (0.17 deprecates the getter Megatron-LM 0.16.1 calls)."""
+    if checkpoint.ckpt_format != "torch_dist" or not checkpoint.ckpt_fully_parallel_save:
+        return None
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    return FullyParallelSaveStrategyWrapper(TorchDistSaveShardedStrategy("torch_dist", 1), group, False)
+
+
 def save_checkpoint(
     state: RunState,
     model: list,
@@ -158,6 +181,7 @@ def save_checkpoint(
     args: argparse.Namespace,
     in_save: Callable[[int], None] | None = None,
     async_queue: AsyncCallsQueue | None = None,
+    strategy: FullyParallelSaveStrategyWrapper | None = None,
 ) -> str:
     """Save ``state.iteration`` atomically under ``args.save``; returns the checkpoint directory.
 
@@ -168,7 +192,9 @@ def save_checkpoint(
 
     With ``async_queue`` (--async-save, torch_dist) the shards are written by megatron-core's async
     writer while training goes on; publishing (the rename and the tracker) is the request's last
-    finalize step, which megatron-core runs on every rank once every rank's write has finished."""
+    finalize step, which megatron-core runs on every rank once every rank's write has finished.
+
+    ``strategy``: the torch_dist save strategy (``save_strategy``); None, megatron-core's default."""
     root, iteration = args.save, state.iteration
     final = checkpoint_dir(root, iteration)
     partial = final + ".partial"
@@ -207,7 +233,11 @@ def save_checkpoint(
             )
         sharded.update(common)
         request = dist_checkpointing.save(
-            sharded, partial, content_metadata=metadata, async_sharded_save=async_queue is not None
+            sharded,
+            partial,
+            sharded_strategy=strategy,
+            content_metadata=metadata,
+            async_sharded_save=async_queue is not None,
         )
     finish = functools.partial(_finish_save, root, partial, final, iteration, in_save)
     if async_queue is None:
@@ -296,10 +326,23 @@ def _clean_unfinished_saves(root: str) -> None:
         print_rank_0(f"  removed {path}: {what} (the job stopped while saving)")
 
 
-def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.Namespace) -> RunState:
+def load_strategy(fully_parallel: bool) -> FullyParallelLoadStrategyWrapper | None:
+    """The torch_dist load strategy of Megatron-LM's load: under --ckpt-fully-parallel-load megatron-core's
+    ``FullyParallelLoadStrategyWrapper`` over the DP x CP group (each rank reads its part of what is replicated
+    over DP, then the ranks exchange it); else None (megatron-core's default: every rank reads all it needs)."""
+    if not fully_parallel:
+        return None
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    return FullyParallelLoadStrategyWrapper(TorchDistLoadShardedStrategy(), group)
+
+
+def load_checkpoint(
+    model: list, optimizer: Any, scheduler: Any, args: argparse.Namespace, *, fully_parallel: bool = False
+) -> RunState:
     """Load ``args.load`` (latest iteration, or ``--ckpt-step``) into the model, optimizer, scheduler
     and RNG: a checkpoint of this trainer or of Megatron-LM's. Returns the run's restored counters
-    (a fresh RunState for ``--finetune`` or no checkpoint); the settings are not written."""
+    (a fresh RunState for ``--finetune`` or no checkpoint); the settings are not written.
+    ``fully_parallel``: --ckpt-fully-parallel-load (torch_dist checkpoints)."""
     root = args.load
     iteration = args.ckpt_step if args.ckpt_step is not None else read_tracker(root)
     if iteration is None:
@@ -318,6 +361,11 @@ def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.
     saved = _read_saved_run(common, directory)
     _check_model_shape(saved.model_shape, args, directory)
     load_optim, load_rng = _what_to_load(saved, args, directory)
+    if fully_parallel and load_optim and saved.optimizer_sharding == "dp_zero_gather_scatter":
+        raise ConfigError(  # as Megatron-LM's load_checkpoint: megatron-core cannot spread this format's load
+            f"checkpoint {directory}: fully parallel load is not supported for dp_zero_gather_scatter "
+            "checkpoints: remove --ckpt-fully-parallel-load"
+        )
     if dtensor != (args.ckpt_format == fsdp.MEGATRON_FSDP_FORMAT):
         raise ConfigError(
             f"checkpoint {directory} is {'fsdp_dtensor' if dtensor else 'torch_dist'}: load it with "
@@ -327,7 +375,10 @@ def load_checkpoint(model: list, optimizer: Any, scheduler: Any, args: argparse.
         rng = _rng_state() if load_rng else None
         loaded = fsdp.load_checkpoint(directory, model, optimizer, scheduler, optim=load_optim, rng=rng)
     else:
-        loaded = _load_dist_checkpoint(model, optimizer, scheduler, args, directory, saved, load_optim, load_rng)
+        strategy = load_strategy(fully_parallel)
+        loaded = _load_dist_checkpoint(
+            model, optimizer, scheduler, args, directory, saved, load_optim, load_rng, strategy
+        )
     if load_optim:
         _load_optimizer(loaded, common, optimizer, scheduler, directory)
     if load_rng:
@@ -354,6 +405,7 @@ def _load_dist_checkpoint(
     saved: SavedRun,
     load_optim: bool,
     load_rng: bool,
+    strategy: FullyParallelLoadStrategyWrapper | None,
 ) -> dict[str, Any]:
     """dist-checkpointing's load into the model; the optimizer and RNG state returned for the caller."""
     sharded = _sharded_state(
@@ -361,7 +413,7 @@ def _load_dist_checkpoint(
     )
     if load_rng:  # the saved objects' sharding; their contents are replaced by the load
         sharded["rng_state"] = _rng_object(per_dp_rank=False, by_dp=saved.rng_by_dp)
-    loaded = dist_checkpointing.load(sharded, directory, strict=args.dist_ckpt_strictness)
+    loaded = dist_checkpointing.load(sharded, directory, sharded_strategy=strategy, strict=args.dist_ckpt_strictness)
     for key, chunk in zip(_model_keys(model), model, strict=True):
         # FSDP2: the load wrote into the parameters' own shards; its wrapper's load_state_dict is the no-op
         # Megatron-LM calls (the module's would want whole DTensors)

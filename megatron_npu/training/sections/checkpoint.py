@@ -142,15 +142,13 @@ class CheckpointSection(Section):
     )
     """Deprecated: see --no-ckpt-fully-parallel-save."""
 
-    ckpt_fully_parallel_save: bool = spec(True, "--no-ckpt-fully-parallel-save")
+    ckpt_fully_parallel_save: bool = spec(True, "--no-ckpt-fully-parallel-save", "--disable-ckpt-fully-parallel-save")
     """Disable applying full save parallelization across DP for distributed checkpoints. Depending on ckpt format
-    might decrease the number of files in the checkpoint. Makes DistributedOptimizer checkpoint non-reshardable.
+    might decrease the number of files in the checkpoint. (Here the distributed optimizer's state is saved fully
+    reshardable either way, so the checkpoint stays reshardable.)
     """
 
-    ckpt_fully_parallel_load: bool = spec(
-        False,
-        fates=(FlagPolicy("--ckpt-fully-parallel-load", "ignored", "loads use megatron-core's default strategy"),),
-    )
+    ckpt_fully_parallel_load: bool = False
     """Apply full load parallelization across DP for distributed checkpoints."""
 
     async_save: bool = False
