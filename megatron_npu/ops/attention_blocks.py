@@ -14,7 +14,10 @@ everything here broadcasts over it.
 
 Layouts: query ``[sq, b, np, hn]``, key/value ``[sk, b, ng, hn]`` with ``ng | np`` (GQA: query
 head ``h`` reads group ``h // (np / ng)``, as megatron-core's ``repeat_interleave``).
-``causal`` masks the keys after each query (``sq == sk``, the diagonal block).
+``causal`` masks the keys after each query (``sq == sk``, the diagonal block). ``mask`` ([sq, sk] bool, True =
+masked) is a block a sliding window cuts (context parallelism's windows, from global token positions; every row
+keeps at least one key): the device's block kernels take a causal mask or none (Accelerator.fused_kernel's
+signatures), so a masked block runs the torch twin on every device.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def _scores(query: torch.Tensor, key: torch.Tensor, softmax_scale: float, causal: bool) -> torch.Tensor:
+def _scores(
+    query: torch.Tensor, key: torch.Tensor, softmax_scale: float, causal: bool, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """fp32 scaled scores [b, np, sq, sk] with the key groups repeated to the query heads."""
     groups = query.shape[2] // key.shape[2]
     q = _wide(query).permute(1, 2, 0, 3)
@@ -41,6 +46,8 @@ def _scores(query: torch.Tensor, key: torch.Tensor, softmax_scale: float, causal
         sq, sk = scores.shape[-2:]
         above = torch.ones(sq, sk, dtype=torch.bool, device=scores.device).triu(diagonal=1)
         scores = scores.masked_fill(above, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(mask.to(scores.device), float("-inf"))
     return scores
 
 
@@ -50,19 +57,31 @@ def _values(value: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def block_forward(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, softmax_scale: float, causal: bool
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    softmax_scale: float,
+    causal: bool,
+    mask: torch.Tensor | None = None,
 ) -> Stats:
     """(out [sq, b, np, hn] in query's dtype, softmax_max, softmax_sum) of one block."""
-    kernel = get_accelerator().fused_kernel("attention_block")
+    kernel = get_accelerator().fused_kernel("attention_block") if mask is None else None
     if kernel is not None:
         return kernel(query, key, value, softmax_scale=softmax_scale, causal=causal)
-    return block_forward_twin(query, key, value, softmax_scale=softmax_scale, causal=causal)
+    return block_forward_twin(query, key, value, softmax_scale=softmax_scale, causal=causal, mask=mask)
 
 
 def block_forward_twin(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, softmax_scale: float, causal: bool
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    softmax_scale: float,
+    causal: bool,
+    mask: torch.Tensor | None = None,
 ) -> Stats:
-    scores = _scores(query, key, softmax_scale, causal)
+    scores = _scores(query, key, softmax_scale, causal, mask)
     row_max = scores.amax(dim=-1, keepdim=True)
     weights = torch.exp(scores - row_max)
     row_sum = weights.sum(dim=-1, keepdim=True)
@@ -81,16 +100,17 @@ def block_backward(
     *,
     softmax_scale: float,
     causal: bool,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of one block, given the whole row's statistics and output (flash attention's
     backward: the probabilities are rebuilt from the scores and the row's max and sum)."""
-    kernel = get_accelerator().fused_kernel("attention_block_grad")
+    kernel = get_accelerator().fused_kernel("attention_block_grad") if mask is None else None
     if kernel is not None:
         return kernel(
             query, key, value, dout, out, softmax_max, softmax_sum, softmax_scale=softmax_scale, causal=causal
         )
     return block_backward_twin(
-        query, key, value, dout, out, softmax_max, softmax_sum, softmax_scale=softmax_scale, causal=causal
+        query, key, value, dout, out, softmax_max, softmax_sum, softmax_scale=softmax_scale, causal=causal, mask=mask
     )
 
 
@@ -105,9 +125,11 @@ def block_backward_twin(
     *,
     softmax_scale: float,
     causal: bool,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     heads, groups = query.shape[2], key.shape[2]
-    probs = torch.exp(_scores(query, key, softmax_scale, causal) - softmax_max[..., :1]) / softmax_sum[..., :1]
+    scores = _scores(query, key, softmax_scale, causal, mask)
+    probs = torch.exp(scores - softmax_max[..., :1]) / softmax_sum[..., :1]
     d_out = _wide(dout).permute(1, 2, 0, 3)  # [b, np, sq, hn]
     dv = torch.matmul(probs.transpose(-1, -2), d_out)  # [b, np, sk, hn]
     d_probs = torch.matmul(d_out, _values(value, heads).transpose(-1, -2))

@@ -18,6 +18,12 @@ One path covers all three: the all-to-all (over ``A`` ranks, 1 for p2p) gathers 
 of its group in the order that makes them the two load-balanced chunks of a ring of ``P`` ranks
 (``A`` chunks each: CP rank ``pA + j`` holds chunks ``pA + j`` and ``2CP - 1 - pA - j``), and the
 ring (``P`` ranks, 1 for a2a: plain causal attention) runs on them.
+
+gpt-oss's attention runs on the same path (megatron-core 0.16.1 has it under CP with Transformer Engine only): a
+layer's sliding window (``--window-size``, ``--window-attn-skip-freq``) masks each ring block from the global token
+positions (ops/cp_ring.py), and the sinks of ``--softmax-type off-by-one / learnable`` (megatron-core's
+``softmax_offset``, same parameter and checkpoint key) join each row's softmax once, in the ring's last merge; after
+the all-to-all each rank holds the sinks of its heads.
 """
 
 from __future__ import annotations
@@ -32,8 +38,9 @@ from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
-from megatron_npu.compat.core import softmax_type
+from megatron_npu.compat.core import layer_window, softmax_type
 from megatron_npu.ops.cp_ring import Ring, RingAttention
 
 COMM_TYPES = ("p2p", "a2a", "a2a+p2p")
@@ -149,6 +156,35 @@ class ContextParallelAttention(MegatronModule):
         self.inner, ring_group = self._groups(pg_collection)
         self.ring = Ring(ring_group)
         self._check_heads()
+        self.tp_group = pg_collection.tp
+        window = layer_window(config, self.layer_number)
+        self.window = None if window is None else (int(window[0]), int(window[1]))
+        self._softmax_offset()
+
+    def _softmax_offset(self) -> None:
+        """megatron-core's DotProductAttention.softmax_offset: the sinks' logits of this TP rank's heads, zeros for
+        off-by-one, a parameter for learnable (same name, shape, initialization and checkpoint key)."""
+        kind = softmax_type(self.config)
+        if kind == "vanilla":
+            self.softmax_offset = None
+        elif kind == "off-by-one":
+            self.softmax_offset = torch.zeros(
+                self.heads, device=torch.cuda.current_device(), dtype=self.config.params_dtype
+            )
+        elif kind == "learnable":
+            offset = torch.empty(self.heads, device=torch.cuda.current_device(), dtype=self.config.params_dtype)
+            self.register_parameter("softmax_offset", torch.nn.Parameter(offset))
+            if self.config.perform_initialization:
+                self.softmax_offset = self.config.init_method(self.softmax_offset)
+        else:
+            raise ValueError(f"--softmax-type {kind} is not supported")
+
+    def _local_sinks(self) -> torch.Tensor | None:
+        """The sinks of the heads this rank attends for: all of them on the ring, its head share after the
+        all-to-all (slicing scatters the gradient back, zero elsewhere; the DP x CP reduction sums the shares)."""
+        if self.softmax_offset is None or self.inner is None:
+            return self.softmax_offset
+        return self.softmax_offset.chunk(self.inner.size())[self.inner.rank()]
 
     def _groups(self, pg_collection: Any) -> tuple[Any, Any]:
         """(all-to-all group or None, ring group or None) of this layer's comm type."""
@@ -193,14 +229,24 @@ class ContextParallelAttention(MegatronModule):
         tensors = [t.contiguous() for t in (query, key, value)]
         if self.inner is not None:
             tensors = [_SequenceToHeads.apply(t, self.inner) for t in tensors]
-        out = RingAttention.apply(*tensors, self.ring, self.softmax_scale)
+        out = RingAttention.apply(*tensors, self._local_sinks(), self.ring, self.softmax_scale, self.window)
         if self.inner is not None:
             out = _HeadsToSequence.apply(out, self.inner)
         return out.reshape(seq, batch, -1)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
-        """No parameters (megatron-core's DotProductAttention has none either without a learnable softmax)."""
-        return {}
+        """megatron-core's DotProductAttention's: the learnable sinks split over TP, nothing otherwise."""
+        if softmax_type(self.config) != "learnable":
+            return {}
+        state_dict = self.state_dict(prefix="", keep_vars=True)
+        return make_sharded_tensors_for_checkpoint(
+            state_dict,
+            prefix,
+            {"softmax_offset": 0},
+            sharded_offsets,
+            tp_group=self.tp_group,
+            dp_cp_group=metadata["dp_cp_group"],
+        )
 
 
 def _check_supported(config: TransformerConfig, attn_mask_type: AttnMaskType, dropout: float | None) -> None:
@@ -208,10 +254,6 @@ def _check_supported(config: TransformerConfig, attn_mask_type: AttnMaskType, dr
     if dropout:
         raise ValueError(
             "context parallelism without Transformer Engine has no attention dropout; set --attention-dropout 0"
-        )
-    if softmax_type(config) != "vanilla" or config.window_size is not None:
-        raise ValueError(
-            "context parallelism without Transformer Engine supports the vanilla softmax without sliding windows"
         )
     if attn_mask_type != AttnMaskType.causal:
         raise ValueError(

@@ -36,24 +36,6 @@ def check_model_family_args(args: argparse.Namespace) -> None:
     for flag, value in (("--window-attn-skip-freq", args.window_attn_skip_freq), ("--no-rope-freq", args.no_rope_freq)):
         if isinstance(value, list) and len(value) != args.num_layers:
             raise ConfigError(f"{flag} gives {len(value)} layers; --num-layers is {args.num_layers}")
-    _check_context_parallel(args)
     if args.window_size is not None and len(args.window_size) != 2:
         raise ConfigError(f"--window-size takes two integers (left,right), got {args.window_size}")
 
-
-def _check_context_parallel(args: argparse.Namespace) -> None:
-    """This trainer's context-parallel attention (ops/context_parallel.py) runs causal attention (multi-latent
-    attention's separate q/k and v head sizes included) with megatron-core's vanilla softmax and no window:
-    said here, not when the model is built."""
-    if getattr(args, "context_parallel_size", 1) <= 1:
-        return
-    for flag, given in (
-        ("--window-size", args.window_size is not None),
-        (f"--softmax-type {args.softmax_type}", args.softmax_type != "vanilla"),
-    ):
-        if given:
-            raise ConfigError(
-                f"{flag} is not supported with --context-parallel-size {args.context_parallel_size}: this trainer's "
-                "context-parallel attention runs no window and the vanilla softmax only; use "
-                "--context-parallel-size 1"
-            )

@@ -106,7 +106,6 @@ def test_gpt_oss_activation_windows_sinks_and_uneven_stages_reach_the_config():
         (["--quick-geglu", "--swiglu"], "mutually exclusive"),
         (["--mtp-num-layers", "1", "--position-embedding-type", "learned_absolute"], "rope or none"),
         (["--window-attn-skip-freq", "[1,0]"], "gives 2 layers; --num-layers is 4"),
-        (["--context-parallel-size", "2", "--window-size", "8,0"], "--context-parallel-size 1"),
         (
             ["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "4"],
             "leaves 0 layers for 1 middle pipeline stages",

@@ -3,8 +3,9 @@
 ContextParallelAttention on each rank's load-balanced share of the sequence (megatron-core's
 get_batch_on_this_cp_rank) must give the outputs and the query/key/value gradients of megatron-core's
 DotProductAttention over the whole sequence at CP1 (fp32, rel 1e-6), causal, GQA and multi-latent attention's
-wider query/key than value heads included, for p2p (ring), a2a (Ulysses) and a2a+p2p (hierarchical), with TP,
-and per-layer comm types; the bytes
+wider query/key than value heads included, gpt-oss's attention (a sliding-window layer and a full layer of
+--window-size 4,0 --window-attn-skip-freq 2, with --softmax-type learnable sinks and their gradient), for p2p (ring),
+a2a (Ulysses) and a2a+p2p (hierarchical), with TP, and per-layer comm types; the bytes
 each rank sends, forward and backward, are the planner's (megatron_npu/layout/cp_comm.py).
 """
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 from distributed import ROOT, torchrun
 
-from megatron_npu.ops import attention_blocks
+from megatron_npu.ops import attention_blocks, cp_ring
 
 WORKER = ROOT / "tests" / "fixtures" / "cp_attention_worker.py"
 TOLERANCE = 1e-6
@@ -27,7 +28,8 @@ def _check_cases(job, expected_cases: dict[str, str]) -> dict:
     assert all([c["errors"] for c in r["cases"]] == [c["errors"] for c in first["cases"]] for r in results.values())
     assert {case["case"]: case["used"] for case in first["cases"]} == expected_cases
     for case in first["cases"]:
-        # out, dq, dk, dv
+        # out, dq, dk, dv (and the sinks' gradient)
+        assert len(case["errors"]) == (5 if "sinks" in case["case"] else 4), case
         assert max(case["errors"]) < TOLERANCE, case
     for result in results.values():
         for case in result["cases"]:
@@ -47,6 +49,11 @@ def test_two_ranks_ring_and_ulysses_with_ascend_shaped_statistics():
         "p2p,a2a:1:2:4:2": "a2a",
         "p2p:1:2:4:4:mla": "p2p",
         "a2a:1:2:4:4:mla": "a2a",
+        # gpt-oss: a window layer (blocks cut by the window run the twin, the others the kernels) and a full one
+        "p2p:1:2:4:2:win:sinks": "p2p",
+        "p2p:1:2:4:2:full:sinks": "p2p",
+        "a2a:1:2:4:2:win:sinks": "a2a",
+        "a2a:1:2:4:2:full:sinks": "a2a",
     }
     job = torchrun(WORKER, "--wide-stats", *cases, "refuse=a2a:2:4:1", "refuse=all_gather:2:4:4", nproc=2)
     first = _check_cases(job, cases)
@@ -67,6 +74,10 @@ def test_four_ranks_ring_ulysses_hierarchical_and_tensor_parallel():
         "p2p:1:2:4:1": "p2p",  # CP2 x DP2, multi-query
         "a2a+p2p:1:4:4:4:2:mla": "a2a+p2p",
         "p2p:2:2:4:4:mla": "p2p",
+        # gpt-oss's window layer with sinks: CP4 (whole ring steps outside the window), TP2 x CP2, hierarchical
+        "p2p:1:4:4:2:win:sinks": "p2p",
+        "p2p:2:2:4:2:win:sinks": "p2p",
+        "a2a+p2p:1:4:4:2:2:win:sinks": "a2a+p2p",
     }
     job = torchrun(WORKER, *cases, "refuse=a2a+p2p:4:4:4", nproc=4)
     first = _check_cases(job, cases)
@@ -93,3 +104,68 @@ def test_block_twin_and_merge_equal_softmax_attention_over_the_whole_row():
         q.permute(1, 2, 0, 3), expand(k[:6]), expand(v[:6]), is_causal=True, scale=scale
     )
     torch.testing.assert_close(causal, reference.permute(2, 0, 1, 3), rtol=0, atol=1e-12)
+
+
+def _global_visible(length: int, window: tuple[int, int] | None) -> torch.Tensor:
+    offset = torch.arange(length)[None, :] - torch.arange(length)[:, None]
+    visible = offset <= (0 if window is None else window[1])
+    return visible & (offset >= -window[0]) if window is not None else visible
+
+
+@pytest.mark.parametrize("window", [None, (4, 0), (9, 0), (2, 1)])
+@pytest.mark.parametrize("size", [2, 4])
+def test_ring_steps_attend_exactly_the_global_mask_and_skip_masked_blocks(size, window):
+    """Over the ring's steps, each rank's pieces cover exactly the (query, key) pairs megatron-core's causal or
+    sliding-window mask lets attend (global positions of the load-balanced chunks), once each; no piece is
+    computed where all is masked; without a window the steps are the three causal kinds."""
+    chunk = 3
+    length = 2 * chunk
+    whole = _global_visible(2 * size * chunk, window)
+    for rank in range(size):
+        queries = cp_ring._positions(rank, size, length)
+        covered = torch.zeros(2 * size * chunk, 2 * size * chunk, dtype=torch.int64)
+        for step in range(size):
+            keys = cp_ring._positions((rank - step) % size, size, length)
+            for piece in cp_ring.step_pieces(rank, size, step, length, window):
+                seen = torch.ones(
+                    piece.rows.stop - piece.rows.start, piece.keys.stop - piece.keys.start, dtype=torch.bool
+                )
+                if piece.causal:
+                    seen = seen.tril()
+                if piece.mask is not None:
+                    seen = ~piece.mask
+                assert seen.any(dim=1).all(), (rank, step, piece)  # every computed row sees a key
+                q, k = queries[piece.rows], keys[piece.keys]
+                covered[q[:, None], k[None, :]] += seen.long()
+                if window is None:
+                    src = (rank - step) % size
+                    expected = {0: (slice(0, 6), slice(0, 6), True)}.get(
+                        step, (slice(0, 6), slice(0, 3), False) if src < rank else (slice(3, 6), slice(0, 6), False)
+                    )
+                    assert (piece.rows, piece.keys, piece.causal, piece.mask) == (*expected, None)
+        assert torch.equal(covered[queries], whole[queries].long()), (rank, window)
+
+
+@pytest.mark.parametrize("window", [None, (2, 0)])
+def test_one_rank_ring_with_sinks_equals_softmax_over_scores_and_sinks(window):
+    """A ring of one (the a2a path's) with sinks: megatron-core's SoftmaxOne (softmax over [scores, sink] with the
+    sink's column dropped), output and the gradients of q, k, v and the sinks (fp64 inputs, autograd of the
+    reference; the ring accumulates dq / dk / dv in fp32, so rel 1e-6 as the CP cases)."""
+    generator = torch.Generator().manual_seed(4)
+    s, heads, groups, scale = 8, 4, 2, 0.4
+    q = torch.randn(s, 2, heads, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(s, 2, groups, 8, generator=generator, dtype=torch.float64, requires_grad=True) for _ in "kv")
+    sinks = torch.randn(heads, generator=generator, dtype=torch.float64, requires_grad=True)
+    dout = torch.randn(s, 2, heads, 8, generator=generator, dtype=torch.float64)
+    out = cp_ring.RingAttention.apply(q, k, v, sinks, cp_ring.Ring(None), scale, window)
+    got = [out, *torch.autograd.grad(out, (q, k, v, sinks), dout)]
+    expand = lambda t: t.repeat_interleave(heads // groups, dim=2).permute(1, 2, 0, 3)  # noqa: E731
+    scores = torch.matmul(q.permute(1, 2, 0, 3), expand(k).transpose(-1, -2)) * scale
+    masked = ~_global_visible(s, window)
+    scores = scores.masked_fill(masked, float("-inf"))
+    with_sink = torch.cat((scores, sinks.view(1, -1, 1, 1).expand(2, -1, s, 1)), dim=-1)
+    probs = torch.softmax(with_sink, dim=-1)[..., :-1]
+    want_out = torch.matmul(probs, expand(v)).permute(2, 0, 1, 3)
+    want = [want_out, *torch.autograd.grad(want_out, (q, k, v, sinks), dout)]
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and ((g - w).abs().max() / w.abs().max()).item() < TOLERANCE
