@@ -188,6 +188,11 @@ class Accelerator(abc.ABC):
             return torch.device("cpu")
         return torch.device(self.device_type, self.current_device() if index is None else index)
 
+    def is_device_tensor(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` lives in this target's device memory. megatron-core asks ``tensor.is_cuda``, False
+        for an npu tensor (and on the cpu target, whose device is the host, for every tensor)."""
+        return tensor.device.type == self.device_type
+
     def device_name(self, index: int | None = None) -> str:
         """Marketing name of the device, used for the MFU peak table."""
         return self.device_type

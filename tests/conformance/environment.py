@@ -16,6 +16,9 @@ TEST_PACKAGES = {
     # Megatron-LM's megatron.rl server, imported by megatron.rl.rl_utils (models/test_gpt_model_batch_invariant.py)
     # test_utils.py (top level) imports the mock backport (Megatron-LM's dev dependencies)
     "mock": "pip install mock",
+    # megatron.core.inference's data-parallel coordinator (inference/test_data_parallel_inference_coordinator.py
+    # imports it at module level; megatron-core names the same command when it is missing)
+    "msgpack": "pip install msgpack",
     "fastapi": EXTRA,
     "uvicorn": EXTRA,
 }

@@ -51,6 +51,12 @@ TOP_LEVEL = "top-level"
 TOP_LEVEL_FOLDERS = ("fusions", "utils")
 
 
+#: Files run apart from their bucket, with fewer ranks than upstream's 8 (each rank runs every test; these are
+#: single-process tests): path -> ranks, and why. test_optimizer_cpu_offloading.py steps BigNet (35M parameters)
+#: with Adam, its host copies and fp32 masters, ~2.9 GB a rank: 8 ranks were killed by the OOM killer on 24 GiB.
+APART = {"test_optimizer_cpu_offloading.py": 1}
+
+
 DEFAULT_FOLDERS = (
     "tensor_parallel",
     "pipeline_parallel",
@@ -62,7 +68,9 @@ DEFAULT_FOLDERS = (
     "data",
     "ssm/test_mamba_hybrid_layer_allocation.py",
     "rl/test_sequence_packing_utils.py",
+    "inference",
     TOP_LEVEL,
+    *APART,
 )
 MAX_ATTEMPTS = 12
 
@@ -101,10 +109,12 @@ def _target(folder: str, root: Path) -> list[str]:
         return [f"tests/unit_tests/{folder}"]
     others = sorted(p.name for p in (root / "tests/unit_tests").iterdir() if p.is_dir() and p.name != "__pycache__")
     ignored = [f"--ignore=tests/unit_tests/{name}" for name in others if name not in TOP_LEVEL_FOLDERS]
+    ignored += [f"--ignore=tests/unit_tests/{path}" for path in APART]
     return [*ignored, "tests/unit_tests"]
 
 
 def _command(folder: str, nproc: int, root: Path, ignore: list[str] = ()) -> list[str]:
+    nproc = min(nproc, APART.get(folder, nproc))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
     torchrun += ["--master_addr", "127.0.0.1", "--master_port", str(_free_port())]
     pytest = ["-m", "pytest", "-p", "conformance_plugin", "-p", "no:cacheprovider", "-q", "-m", MARKERS]

@@ -124,6 +124,20 @@ def test_device_name_limits_apply_wherever_cuda_tensors_report_another_device_ty
         assert npu.capability(entry.capability) and CpuAccelerator().capability(entry.capability)
 
 
+def test_a_file_run_apart_leaves_its_bucket_and_runs_with_its_own_ranks(tmp_path):
+    """test_optimizer_cpu_offloading.py's BigNet at ~2.9 GB a rank: 8 ranks were OOM-killed on 24 GiB."""
+    from .run import APART, TOP_LEVEL, _command
+
+    for name in ("fusions", "utils", "inference"):
+        (tmp_path / "tests" / "unit_tests" / name).mkdir(parents=True)
+    bucket = _command(TOP_LEVEL, 8, tmp_path)
+    assert "--ignore=tests/unit_tests/test_optimizer_cpu_offloading.py" in bucket
+    assert "--ignore=tests/unit_tests/inference" in bucket and "--ignore=tests/unit_tests/fusions" not in bucket
+    apart = _command("test_optimizer_cpu_offloading.py", 8, tmp_path)
+    assert apart[apart.index("--nproc_per_node") + 1] == str(APART["test_optimizer_cpu_offloading.py"]) == "1"
+    assert _command("inference", 8, tmp_path)[4] == "8"
+
+
 def test_the_conftest_edits_apply_to_the_suites_conftest(tmp_path):
     with tarfile.open(TARBALL) as archive:
         archive.extract(CONFTEST, tmp_path, filter="data")
