@@ -3,9 +3,9 @@
 # Layout: what `megatron-npu plan --search` chose (first of its ranked layouts) for this model and cluster
 # (--vocab-size: the Hugging Face config's vocab_size, the converted embedding's rows):
 #   megatron-npu plan --search --nnodes 64 --nproc-per-node 8 <the model flags below> --bf16 --global-batch-size 1024 --vocab-size 129280
-#   TP 4 x PP 2 x CP 2 x DP 32 (EP 64: 4 experts per rank), stages of 31 / 30 layers, MTP on the last stage,
-#   predicted memory: 47.5 (first stage) / 49.8 (last) GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
-#   micro-batch 1, full recompute, distributed optimizer; predicted throughput: 322 tokens/s per NPU, MFU 23.7%
+#   TP 8 x DP 64 (EP 64: 4 experts per rank), one pipeline stage of the 61 layers and MTP,
+#   predicted memory: 56.0 GB per card (GB = 1e9 bytes; 64 GB less 10% headroom fits);
+#   micro-batch 1, full recompute, distributed optimizer; predicted throughput: 317 tokens/s per NPU, MFU 23.3%
 #   (a model: megatron_npu/layout/step_time.py; its MoE GEMMs at the dense ones' efficiency: docs/planning.md).
 #
 # Data and checkpoint (once, on shared storage):
@@ -24,13 +24,13 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 export NNODES="${NNODES-64}"
 export NPROC_PER_NODE="${NPROC_PER_NODE-8}"
-export TP="${TP-4}"
-export PP="${PP-2}"
-export CP="${CP-2}"
+export TP="${TP-8}"
+export PP="${PP-1}"
+export CP="${CP-1}"
 export VPP="${VPP-0}"
 export EP="${EP-64}"
-export FIRST_STAGE_LAYERS="${FIRST_STAGE_LAYERS-31}"
-export LAST_STAGE_LAYERS="${LAST_STAGE_LAYERS-30}"
+export FIRST_STAGE_LAYERS="${FIRST_STAGE_LAYERS-}"
+export LAST_STAGE_LAYERS="${LAST_STAGE_LAYERS-}"
 export MICRO_BATCH_SIZE="${MICRO_BATCH_SIZE-1}"
 export RECOMPUTE="${RECOMPUTE-full}"
 export NUM_LAYERS="${NUM_LAYERS-61}"

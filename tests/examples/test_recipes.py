@@ -7,19 +7,22 @@
   sizes and a 2-rank layout through its documented environment variables, 2 iterations.
 * the header's figures (no process): the predicted memory per card each header states is what ``plan``
   predicts for the recipe's default layout and flags (read from the script's text; the dry-run test checks
-  they are the flags the script runs), and that layout fits the card, so the headers cannot go stale.
+  they are the flags the script runs), and that layout fits the card; its tokens/s per NPU and MFU are the
+  step-time model's for that layout, as ``plan`` prints them; so the headers cannot go stale.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import operator
 import os
 import re
 import shlex
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -228,12 +231,11 @@ def header_memory_gb(text: str) -> list[float]:
     return [float(x) for x in re.findall(r"\d+\.\d+", line)]
 
 
-def planned_memory_gb(name: str) -> tuple[list[float], float]:
-    """``plan``'s predicted memory per pipeline stage (GB) for the recipe's defaults, and the limit a card allows."""
-    from megatron_npu.accelerator.facts import PLANNING_FACTS
-    from megatron_npu.plan.cli import GB, memory_by_stage
+@functools.cache
+def recipe_plan(name: str) -> tuple[argparse.Namespace, Any, Any, Any]:
+    """(settings, rank map, model, parallel spec) ``plan`` builds for the recipe's defaults (shared by the header
+    tests)."""
     from megatron_npu.plan.flags import parse_trainer_args, rank_map_for, specs_from_args
-    from megatron_npu.plan.search import HEADROOM
 
     text = (EXAMPLES / f"{name}.sh").read_text()
     env = recipe_defaults(name)
@@ -241,8 +243,18 @@ def planned_memory_gb(name: str) -> tuple[list[float], float]:
     vocab = re.search(r"megatron-npu plan --search[^\n]*--vocab-size (\d+)", text).group(1)
     launcher = argparse.Namespace(nnodes=int(env["NNODES"]), nproc_per_node=int(env["NPROC_PER_NODE"]), hosts=None)
     args = parse_trainer_args([*recipe_flags(name), "--vocab-size", vocab], launcher.nnodes * launcher.nproc_per_node)
-    model, _ = specs_from_args(args)
-    stages = [m.total_bytes / GB for m in memory_by_stage(model, rank_map_for(args, launcher), args)]
+    model, par = specs_from_args(args)
+    return args, rank_map_for(args, launcher), model, par
+
+
+def planned_memory_gb(name: str) -> tuple[list[float], float]:
+    """``plan``'s predicted memory per pipeline stage (GB) for the recipe's defaults, and the limit a card allows."""
+    from megatron_npu.accelerator.facts import PLANNING_FACTS
+    from megatron_npu.plan.cli import GB, memory_by_stage
+    from megatron_npu.plan.search import HEADROOM
+
+    args, rmap, model, _ = recipe_plan(name)
+    stages = [m.total_bytes / GB for m in memory_by_stage(model, rmap, args)]
     return stages, PLANNING_FACTS.device_memory_gb * (1 - HEADROOM)
 
 
@@ -260,6 +272,20 @@ def test_header_memory_is_what_plan_predicts_and_fits(name):
     expected = [round(x, 1) for x in header_figures(stages)]
     assert header == expected, f"{name}: plan predicts {[f'{x:.2f}' for x in stages]} GB per stage"
     assert max(stages) <= limit, f"{name}: {max(stages):.1f} GB per card > {limit:.1f} GB"
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_header_throughput_is_the_step_time_models(name):
+    """The header's tokens/s per NPU and MFU are megatron_npu/layout/step_time.py's for the recipe's layout, as
+    ``plan`` prints them (its communication plan at the default link speeds)."""
+    from megatron_npu.layout.planner import plan
+    from megatron_npu.plan.cli import step_prediction
+
+    args, rmap, model, par = recipe_plan(name)
+    predicted = step_prediction(model, rmap, args, plan(model, rmap, par))
+    text = (EXAMPLES / f"{name}.sh").read_text()
+    tokens, mfu = re.search(r"predicted throughput: ([\d,]+) tokens/s per NPU, MFU ([\d.]+%)", text).groups()
+    assert (tokens, mfu) == (f"{predicted.tokens_per_s_per_npu:,.0f}", f"{predicted.mfu:.1%}"), name
 
 
 @pytest.mark.launch
