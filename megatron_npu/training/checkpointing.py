@@ -11,7 +11,9 @@ leaves the previous checkpoint and tracker untouched; the next start removes wha
 left (``clean_unfinished_saves``) and says so. The distributed optimizer is
 saved ``fully_reshardable`` (the only format of megatron-core 0.16 that both
 saves and reshards), so a checkpoint loads under another TP/PP/DP layout. The RNG
-states are per (PP, TP) rank and are restored only when the layout is unchanged.
+states are per (PP, TP) rank and are restored only when the layout is unchanged. What is
+replicated over DP is written shared among the DP ranks (--ckpt-fully-parallel-save, Megatron-LM's
+default), else by DP rank 0.
 
 The common state holds Megatron-LM core_v0.16.1's fields beside this trainer's
 (checkpoint_format.py): Megatron-LM's pretrain_gpt.py resumes these checkpoints, and this
