@@ -15,7 +15,7 @@ from . import (  # noqa: F401  (importing registers the patches)
     fsdp,
     fused_ops,
     grouped_gemm,
-    inference_communication,
+    inference,
     mappings,
     megatron_core_fixes,
     megatron_training,

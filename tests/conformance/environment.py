@@ -19,6 +19,9 @@ TEST_PACKAGES = {
     # megatron.core.inference's data-parallel coordinator (inference/test_data_parallel_inference_coordinator.py
     # imports it at module level; megatron-core names the same command when it is missing)
     "msgpack": "pip install msgpack",
+    # pytest's asyncio plugin (Megatron-LM's dev dependencies): inference/engines/test_static_engine.py::test_streaming
+    # is an async test. Not installed here: a pytest plugin loads in every engineer's pytest session.
+    "pytest_asyncio": "pip install pytest-asyncio",
     "fastapi": EXTRA,
     "uvicorn": EXTRA,
 }

@@ -1,4 +1,4 @@
-"""megatron_npu/patches/inference_communication.py: megatron-core's inference broadcast / p2p asserted tensor.is_cuda
+"""megatron_npu/patches/inference.py: megatron-core's inference broadcast / p2p asserted tensor.is_cuda
 (False for an npu tensor, as for every tensor on the cpu target): the last pipeline stage failed before the broadcast
 its peers waited in (megatron-core's inference/test_communication_utils.py hung 300 s per case). In process."""
 
@@ -9,7 +9,7 @@ import torch
 
 import megatron_npu  # noqa: F401  (patches on import)
 from megatron_npu.accelerator.cpu import CpuAccelerator
-from megatron_npu.patches.inference_communication import _is_device_tensor
+from megatron_npu.patches.inference import _is_device_tensor
 
 
 class DeviceElsewhere(CpuAccelerator):
@@ -34,3 +34,15 @@ def test_the_check_still_refuses_a_tensor_off_the_device_and_a_missing_one():
         check(torch.empty(2))
     with pytest.raises(AssertionError):
         check(None)
+
+
+def test_without_flash_attn_no_minimum_flash_attn_version_is_met():
+    """megatron.core.utils.is_fa_min_version raised ModuleNotFoundError (inference/engines/test_static_engine.py
+    failed to import on its class-level skipif)."""
+    import importlib.util
+
+    from megatron.core.utils import is_fa_min_version
+
+    assert importlib.util.find_spec("flash_attn") is None  # FlashAttention is CUDA kernels: never here
+    assert is_fa_min_version("2.7.3") is False
+    assert is_fa_min_version("0.0.1", check_equality=False) is False
