@@ -8,6 +8,7 @@ before torch or megatron-core is imported. Both spellings of RoPE settings are r
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -33,6 +34,17 @@ GPT_OSS_ALPHA = 1.702
 QK_NORM = ("qwen3", "qwen3_moe")
 # megatron-core 0.16's MLA YaRN settings Megatron-LM core_v0.16.1 has no flag for (MLATransformerConfig's defaults)
 MLA_YARN_FIXED = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
+# Megatron-LM's --enable-gpt-oss (its ModelOpt builder): YaRN with these values fixed; HF's published gpt-oss
+# configs differ (original_max_position_embeddings 4096), so they get the --yarn-* flags instead
+ENABLE_GPT_OSS_YARN = {
+    "factor": 32.0,
+    "original_max_position_embeddings": 131072,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.0,
+    "round_to_int": False,
+}
 # megatron-core 0.16's RotaryEmbedding applies llama3 scaling with these constants fixed.
 LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 # config.json's names of the sizes TP splits (ModelShape's fields), for the messages
@@ -110,6 +122,34 @@ class MLASpec:
 
 
 @dataclass(frozen=True)
+class YarnSpec:
+    """YaRN on standard attention: megatron-core's YarnRotaryEmbedding (--position-embedding-type yarn), whose
+    frequencies and attention factor (on cos and sin, so on q and k) are transformers' _compute_yarn_parameters'."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float
+    beta_slow: float
+    mscale: float  # megatron-core's attention factor: yarn_get_mscale(factor, mscale) / (..., mscale_all_dim)
+    mscale_all_dim: float
+    round_to_int: bool  # HF truncate: the correction range's ends floored / ceiled
+
+    def flags(self) -> list[str]:
+        if {k: getattr(self, k) for k in ENABLE_GPT_OSS_YARN} == ENABLE_GPT_OSS_YARN:
+            return ["--enable-gpt-oss"]  # Megatron-LM's own spelling of these values
+        # Megatron-LM core_v0.16.1's YaRN flags (MLA's, applied to standard attention as core_v0.19.0 does) and
+        # core_v0.19.0's --yarn-* flags for what core_v0.16.1 has none for
+        f = ["--rotary-scaling-factor", repr(self.factor)]
+        f += ["--yarn-original-max-position-embeddings", str(self.original_max_position_embeddings)]
+        f += ["--yarn-beta-fast", repr(self.beta_fast), "--yarn-beta-slow", repr(self.beta_slow)]
+        if (self.mscale, self.mscale_all_dim) != (1.0, 0.0):
+            f += ["--mscale", repr(self.mscale), "--mscale-all-dim", repr(self.mscale_all_dim)]
+        if not self.round_to_int:
+            f += ["--no-yarn-correction-range-round-to-int"]
+        return f
+
+
+@dataclass(frozen=True)
 class GptOssSpec:
     """gpt-oss's attention and activation: biases in every linear layer (router included), a learnable
     sink logit per head, a sliding window on the layers layer_types names, clamped quick-GeGLU."""
@@ -162,6 +202,7 @@ class ModelSpec:
     mtp_layers: int = 0  # DeepSeek-V3's multi-token prediction layers the checkpoint holds
     dtype: str = "float32"
     gpt_oss: GptOssSpec | None = None
+    yarn: YarnSpec | None = None  # YaRN on standard attention
 
     @property
     def gpt2(self) -> bool:
@@ -196,7 +237,7 @@ class ModelSpec:
         else:
             f += [
                 "--position-embedding-type",
-                "rope",
+                "rope" if self.yarn is None else "yarn",
                 "--rotary-base",
                 str(self.rotary_base),
                 "--normalization",
@@ -211,6 +252,8 @@ class ModelSpec:
                 f += ["--use-rope-scaling", "--rope-scaling-factor", repr(self.rope_scaling_factor)]
             if self.rope_linear_factor is not None:
                 f += ["--rotary-seq-len-interpolation-factor", str(self.rope_linear_factor)]
+            if self.yarn is not None:
+                f += self.yarn.flags()
         if not self.tied_embeddings:
             f += ["--untie-embeddings-and-output-weights"]
         if self.moe is not None:
@@ -234,13 +277,21 @@ def read_config(model_dir: str) -> dict:
         return json.load(f)
 
 
-def _rope(cfg: dict) -> tuple[int, float | None, int | None]:
+def _rope(cfg: dict) -> tuple[int, float | None, int | None, YarnSpec | None]:
+    """(rotary base, llama3 factor, linear factor, YaRN) of standard attention."""
     params = cfg.get("rope_parameters") or {}
     scaling = cfg.get("rope_scaling") or params
     theta = cfg.get("rope_theta", params.get("rope_theta", 10000.0))
     kind = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+    if kind == "yarn":
+        return int(theta), None, None, _yarn(cfg, scaling)
+    return (int(theta), *_scaled_rope(kind, scaling), None)
+
+
+def _scaled_rope(kind: str, scaling: dict) -> tuple[float | None, int | None]:
+    """(llama3 factor, linear factor) of the RoPE scaling GPTModel's RotaryEmbedding applies."""
     if kind == "default":
-        return int(theta), None, None
+        return None, None
     if kind == "linear":  # HF divides the frequencies, megatron-core the positions: the same angles
         factor = float(scaling["factor"])
         if not factor.is_integer():
@@ -248,7 +299,7 @@ def _rope(cfg: dict) -> tuple[int, float | None, int | None]:
                 f"linear RoPE scaling by {factor}: pretrain_gpt.py's --rotary-seq-len-interpolation-factor "
                 "takes an integer"
             )
-        return int(theta), None, int(factor)
+        return None, int(factor)
     if kind == "llama3":
         differ = {k: scaling.get(k) for k, v in LLAMA3_FIXED.items() if float(scaling.get(k, v)) != v}
         if differ:
@@ -256,18 +307,45 @@ def _rope(cfg: dict) -> tuple[int, float | None, int | None]:
                 f"llama3 RoPE scaling with {differ}: megatron-core 0.16 fixes {LLAMA3_FIXED}; this model cannot "
                 "be trained with the same positions"
             )
-        return int(theta), float(scaling["factor"]), None
+        return float(scaling["factor"]), None
     if kind == "dynamic":  # dynamic NTK changes nothing up to the trained length (check_attention_window)
-        return int(theta), None, None
-    if kind == "yarn":
-        raise ConvertError(
-            "YaRN RoPE scaling on standard attention: Megatron-LM core_v0.16.1's flags give YaRN to multi-latent "
-            "attention only (--rope-type yarn); GPTModel's attention takes default, linear, llama3 (and dynamic "
-            "up to its original length)"
-        )
+        return None, None
     raise ConvertError(
-        f"RoPE scaling type {kind!r} is not supported by megatron-core's GPTModel (default, linear, llama3 and "
-        "dynamic up to its original length are)"
+        f"RoPE scaling type {kind!r} is not supported by megatron-core's GPTModel (default, linear, llama3, yarn "
+        "and dynamic up to its original length are)"
+    )
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention factor for one mscale (transformers' and megatron-core's yarn_get_mscale)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn(cfg: dict, scaling: dict) -> YarnSpec:
+    """transformers' _compute_yarn_parameters as megatron-core's YarnRotaryEmbedding's arguments."""
+    original = int(scaling.get("original_max_position_embeddings") or cfg["max_position_embeddings"])
+    factor = float(scaling.get("factor") or cfg["max_position_embeddings"] / original)
+    # transformers: mscale / mscale_all_dim only when both are given (and not 0), else yarn_get_mscale(factor);
+    # megatron-core always divides by yarn_get_mscale(factor, mscale_all_dim), which is 1 at 0
+    mscale, all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    mscale, all_dim = (float(mscale), float(all_dim)) if mscale and all_dim else (1.0, 0.0)
+    attention = scaling.get("attention_factor")
+    computed = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, all_dim)
+    if attention is not None and float(attention) != computed:
+        raise ConvertError(
+            f"YaRN with attention_factor {attention}: megatron-core computes it from the factor and mscales "
+            f"({computed!r} here) and has no flag for another value"
+        )
+    if float(scaling.get("partial_rotary_factor", cfg.get("partial_rotary_factor") or 1.0)) != 1.0:
+        raise ConvertError("YaRN with partial_rotary_factor: megatron-core's YaRN rotates the whole head")
+    return YarnSpec(
+        factor=factor,
+        original_max_position_embeddings=original,
+        beta_fast=float(scaling.get("beta_fast") or 32.0),  # transformers' defaults, for a missing or 0 value
+        beta_slow=float(scaling.get("beta_slow") or 1.0),
+        mscale=mscale,
+        mscale_all_dim=all_dim,
+        round_to_int=bool(scaling.get("truncate", True)),
     )
 
 
@@ -469,7 +547,7 @@ def model_spec(
         heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
         mla = _mla(cfg) if family == "deepseek_v3" else None
         # MLA's YaRN is its own (the llama3/linear scaling below is GPTModel's RotaryEmbedding)
-        theta, llama3, linear = _rope({**cfg, "rope_scaling": None, "rope_parameters": {}}) if mla else _rope(cfg)
+        theta, llama3, linear, yarn = _rope({**cfg, "rope_scaling": None, "rope_parameters": {}}) if mla else _rope(cfg)
         if mla:
             theta = int((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
         num_layers = int(cfg["num_hidden_layers"])
@@ -497,6 +575,7 @@ def model_spec(
             mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0) if with_mtp and mla else 0,
             dtype=dtype,
             gpt_oss=_gpt_oss(cfg, num_layers) if family == "gpt_oss" else None,
+            yarn=yarn,
         )
     check_layout(spec, tp=tp, pp=pp, vpp=vpp, ep=ep)
     return spec

@@ -156,7 +156,32 @@ def transformer_config(args: argparse.Namespace) -> TransformerConfig:
     if kwargs.get("rope_type", "") is None:
         del kwargs["rope_type"]  # as Megatron-LM: the class's default (MLA yarn, other attention rope)
     kwargs.update(_derived_fields(args))
-    return release_config(config_class, kwargs)  # less the fields an older megatron-core lacks
+    config = release_config(config_class, kwargs)  # less the fields an older megatron-core lacks
+    _set_yarn_attributes(config, values)
+    return config
+
+
+# megatron-core's GPTModel reads standard attention's YaRN from config attributes no TransformerConfig field
+# declares (config.yarn_*); their flags, with YarnRotaryEmbedding's defaults where a flag is not given
+YARN_ATTRIBUTES = {
+    "yarn_rotary_scaling_factor": ("rotary_scaling_factor", 1.0),
+    "yarn_original_max_position_embeddings": ("yarn_original_max_position_embeddings", 4096),
+    "yarn_beta_fast": ("yarn_beta_fast", 32.0),
+    "yarn_beta_slow": ("yarn_beta_slow", 1.0),
+    "yarn_mscale": ("mscale", 1.0),
+    "yarn_mscale_all_dim": ("mscale_all_dim", 0.0),
+    "yarn_correction_range_round_to_int": ("yarn_correction_range_round_to_int", True),
+}
+
+
+def _set_yarn_attributes(config: TransformerConfig, values: dict[str, Any]) -> None:
+    """--position-embedding-type yarn (standard attention): the config.yarn_* attributes GPTModel and the
+    attention's mscale read, as Megatron-LM core_v0.19.0's core_transformer_config_from_args sets them."""
+    if values.get("position_embedding_type") != "yarn" or values.get("multi_latent_attention"):
+        return
+    for attribute, (flag, default) in YARN_ATTRIBUTES.items():
+        value = values.get(flag)
+        setattr(config, attribute, default if value is None else value)
 
 
 def optimizer_config(

@@ -52,6 +52,16 @@ LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
+# gpt-oss's published rope_scaling (openai/gpt-oss-20b and -120b config.json) with its rope_theta
+GPT_OSS_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 150000.0,
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "original_max_position_embeddings": 4096,
+    "truncate": False,
+}
 CONFIGS = {
     # GQA, llama3 RoPE scaling, untied output layer
     "llama": lambda: transformers.LlamaConfig(
@@ -118,7 +128,8 @@ CONFIGS = {
         **DEEPSEEK, q_lora_rank=None, n_group=1, topk_group=1, num_experts_per_tok=2, n_shared_experts=2
     ),
     # biases everywhere (router included), sinks, an 8-token window on every other layer (shorter than
-    # the test's 16 tokens), clamped quick-GeGLU over interleaved gate/up experts stacked per layer
+    # the test's 16 tokens), clamped quick-GeGLU over interleaved gate/up experts stacked per layer, the
+    # published YaRN (--position-embedding-type yarn)
     "gpt_oss": lambda: transformers.GptOssConfig(
         **{**COMMON, "intermediate_size": 32},
         num_attention_heads=4,
@@ -127,9 +138,13 @@ CONFIGS = {
         num_local_experts=4,
         num_experts_per_tok=2,
         sliding_window=8,
-        rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+        rope_parameters=GPT_OSS_YARN,
     ),
 }
+# q and k weights this many times larger: attention sharp enough that YaRN's frequencies show in a 32-token loss
+# (with the published values' original_max_position_embeddings 131072 or truncate true it moves by rel 3.4e-3 and
+# 8.4e-4 against 2e-6 and 6e-6 at the common scale)
+SHARP_QK = {"gpt_oss": 4.0}
 MOE = ["qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v3-noq", "gpt_oss"]
 # Qwen2.5's vocabulary in small: 300 rows, a 200-token tokenizer. No power of two pads 200 to 300,
 # so Megatron-LM's 128 x TP2 gives 256 rows: the 44 past them are cut and must come back.
@@ -152,6 +167,8 @@ def _random_model(family: str, config: object = None) -> torch.nn.Module:
         for name, p in model.named_parameters():
             is_scale = p.dim() == 1 and ("norm" in name or "ln_" in name) and name.endswith("weight")
             p.copy_(1 + 0.1 * torch.randn_like(p) if is_scale else 0.08 * torch.randn_like(p))
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(SHARP_QK.get(family, 1.0))
         saved = model.state_dict()
         for name, b in model.named_buffers():
             if name in saved and b.is_floating_point():  # DeepSeek-V3's score-correction bias
@@ -372,6 +389,7 @@ def _same_bits(before: Path, after: Path) -> tuple[int, list[str]]:
     return len(a), sorted(differ + [k for k in b if k not in a])
 
 
+TP1 = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1"]
 # each new family on its hardest layout, with the flags `convert to-megatron` printed for it
 PRETRAIN_LAYOUTS = {
     "qwen3": [],
@@ -381,6 +399,8 @@ PRETRAIN_LAYOUTS = {
     # the expert bias every step whatever the lr: held, so the save is the import
     "deepseek_v3-mtp": ["--moe-router-bias-update-rate", "0"],
     "gpt_oss": [],  # TP2 x PP2 x EP2 with SP at expert TP 1 (its expert biases), as converted
+    # the dense families at TP1 on one process (converted for TP2 x PP2: the same vocabulary padding)
+    **{family: [*TP1, "--global-batch-size", "2"] for family in ("llama", "qwen2", "mistral", "gpt2")},
 }
 
 
@@ -391,8 +411,9 @@ def test_pretrain_first_loss_equals_transformers_and_a_save_exports_the_same_bit
 ) -> None:
     """One pretrain_gpt.py job per family (Qwen3 TP2 x PP2; the MoE families TP2 x EP2 with SP, their
     experts as --moe-grouped-gemm, Mixtral's over the alltoall dispatcher; DeepSeek-V3 likewise; gpt-oss
-    TP2 x PP2 x EP2 with SP, its biased experts at expert TP 1): its first loss is
-    transformers' on the same tokens; 2 steps at lr 0, saved, exported: every HF tensor, bit for bit."""
+    TP2 x PP2 x EP2 with SP, its biased experts at expert TP 1, and its published YaRN; LLaMA, Qwen2, Mistral
+    and GPT-2 at TP1 on one rank): its first loss is transformers' on the same tokens; 2 steps at lr 0, saved,
+    exported: every HF tensor, bit for bit."""
     case = models["cases"][family]
     _identical_documents(tmp_path / "docs", DOCUMENT, 64)
     flags = [
@@ -404,7 +425,7 @@ def test_pretrain_first_loss_equals_transformers_and_a_save_exports_the_same_bit
         *["--lr", "0", "--min-lr", "0", "--lr-warmup-iters", "0", "--train-iters", "2"],
         *["--save", str(tmp_path / "saved"), "--save-interval", "2"],
     ]
-    pretrain(tmp_path, *flags, nproc=4, mock_data=False).check()
+    pretrain(tmp_path, *flags, nproc=1 if PRETRAIN_LAYOUTS[family][:2] == TP1[:2] else 4, mock_data=False).check()
     losses = train_losses(tmp_path)
     assert losses[1] == pytest.approx(models["sample_loss"][family], rel=1e-5)
     assert losses[2] == pytest.approx(losses[1], rel=1e-6)  # lr 0: the weights did not move
@@ -612,6 +633,27 @@ def test_printed_flags_of_the_new_families() -> None:
     assert "--expert-tensor-parallel-size" not in layout_flags(
         model_spec(_config("mixtral"), tp=2), tp=2, pp=1, vpp=None, ep=1
     )
+    # the published YaRN: Megatron-LM core_v0.16.1's --rotary-scaling-factor and core_v0.19.0's --yarn-* flags
+    # (--enable-gpt-oss fixes original_max_position_embeddings at 131072); its own values print --enable-gpt-oss
+    assert (
+        "--position-embedding-type yarn --rotary-base 150000" in gpt_oss
+        and "--rotary-scaling-factor 32.0 --yarn-original-max-position-embeddings 4096 --yarn-beta-fast 32.0 "
+        "--yarn-beta-slow 1.0 --no-yarn-correction-range-round-to-int --untie"
+        in gpt_oss
+    )
+    megatron_lms = {**GPT_OSS_YARN, "original_max_position_embeddings": 131072}
+    assert "--enable-gpt-oss --untie" in " ".join(model_spec(_config("gpt_oss", rope_parameters=megatron_lms)).flags())
+    # other families' YaRN (LLaMA, Qwen): transformers' defaults (beta 32 / 1, truncate), mscale / mscale_all_dim
+    # only when both are given (else transformers' attention factor is yarn_get_mscale(factor): 1 / 0 here)
+    for extra, printed in (
+        ({}, "--yarn-beta-slow 1.0 --untie"),
+        ({"mscale": 0.707, "mscale_all_dim": 0.0}, "--yarn-beta-slow 1.0 --untie"),
+        ({"mscale": 1.0, "mscale_all_dim": 0.5}, "--yarn-beta-slow 1.0 --mscale 1.0 --mscale-all-dim 0.5 --untie"),
+    ):
+        yarn = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 32, **extra}
+        llama = " ".join(model_spec(_config("llama", rope_parameters=yarn)).flags())
+        assert "--rotary-scaling-factor 4.0 --yarn-original-max-position-embeddings 32 --yarn-beta-fast 32.0" in llama
+        assert printed in llama and "--use-rope-scaling" not in llama
     full_first = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
     assert "--window-attn-skip-freq [0,1,1,0]" in " ".join(
         model_spec(_config("gpt_oss", layer_types=full_first)).flags()
@@ -650,14 +692,14 @@ def test_refusals_of_the_new_families(tmp_path: Path, capsys: pytest.CaptureFixt
         _config("deepseek_v3", quantization_config=fp8)
     )
     assert "swiglu_alpha 1.5" in refused(_config("gpt_oss", swiglu_alpha=1.5))
-    gpt_oss_yarn = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0}  # as published
-    assert "YaRN RoPE scaling on standard attention" in refused(_config("gpt_oss", rope_parameters=gpt_oss_yarn))
     llama = _config("llama")
     longrope = {"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0}
     assert "RoPE scaling type 'longrope' is not supported" in refused({**llama, "rope_parameters": longrope})
-    assert "YaRN RoPE scaling on standard attention" in refused(
-        {**llama, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}
-    )
+    # YaRN on standard attention: an attention factor or a partial rotation megatron-core's YaRN cannot take
+    for changed, said in (({"attention_factor": 1.0}, "attention_factor 1.0"), ({"partial_rotary_factor": 0.5}, "")):
+        assert "YaRN with " + (said or "partial_rotary_factor") in refused(
+            _config("gpt_oss", rope_parameters={**GPT_OSS_YARN, **changed})
+        )
     # dynamic NTK: plain RoPE up to the original length, refused past it (by the command, before megatron-core)
     dynamic = {**llama, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}
     assert "--use-rope-scaling" not in model_spec(dynamic).flags()

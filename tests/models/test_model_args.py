@@ -4,6 +4,7 @@ configs built from them, and the one-line errors before any process group."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -146,3 +147,61 @@ def test_account_for_embedding_and_loss_count_in_the_even_split():
             "--account-for-loss-in-pipeline-split",
             world_size=3,
         )
+
+
+def test_standard_attention_yarn_reaches_gpt_models_yarn_embedding_and_the_attention_factor():
+    """--position-embedding-type yarn with the YaRN flags (core_v0.16.1's --rotary-scaling-factor / --mscale /
+    --mscale-all-dim, core_v0.19.0's --yarn-*) sets the config.yarn_* attributes megatron-core's GPTModel builds
+    YarnRotaryEmbedding from; without the --yarn-* flags, YarnRotaryEmbedding's defaults (as core_v0.19.0)."""
+    from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
+        _yarn_get_concentration_factor_from_config,
+    )
+
+    from megatron_npu.training.config import transformer_config
+
+    published = parse(
+        *("--position-embedding-type", "yarn", "--rotary-scaling-factor", "32", "--yarn-beta-fast", "16"),
+        *("--yarn-original-max-position-embeddings", "4096", "--no-yarn-correction-range-round-to-int"),
+    )
+    config = transformer_config(published)
+    assert (config.yarn_rotary_scaling_factor, config.yarn_original_max_position_embeddings) == (32.0, 4096)
+    assert (config.yarn_beta_fast, config.yarn_beta_slow, config.yarn_mscale, config.yarn_mscale_all_dim) == (
+        16.0,
+        1.0,
+        1.0,
+        0.0,
+    )
+    assert config.yarn_correction_range_round_to_int is False and published.apply_rope_fusion is False
+    assert _yarn_get_concentration_factor_from_config(config) == pytest.approx(1 + 0.1 * math.log(32))
+    defaults = transformer_config(parse("--position-embedding-type", "yarn"))
+    assert (defaults.yarn_original_max_position_embeddings, defaults.yarn_correction_range_round_to_int) == (4096, True)
+    assert not hasattr(transformer_config(parse()), "yarn_rotary_scaling_factor")  # RoPE: no attention factor
+
+
+def test_enable_gpt_oss_is_megatron_lms_fixed_yarn():
+    """Megatron-LM's --enable-gpt-oss (its ModelOpt builder): YaRN on standard attention at factor 32, original
+    max positions 131072, beta 32 / 1, mscale 1 / 0, unrounded; a YaRN flag with another value is refused."""
+    from megatron_npu.training.config import transformer_config
+
+    args = parse("--enable-gpt-oss")  # the recipe gives no --position-embedding-type: it becomes yarn
+    config = transformer_config(args)
+    assert args.position_embedding_type == "yarn"
+    assert (config.yarn_rotary_scaling_factor, config.yarn_original_max_position_embeddings) == (32.0, 131072)
+    assert (config.yarn_beta_fast, config.yarn_beta_slow, config.yarn_correction_range_round_to_int) == (
+        32.0,
+        1.0,
+        False,
+    )
+    assert parse("--enable-gpt-oss", "--rotary-scaling-factor", "32").rotary_scaling_factor == 32.0  # the same
+    with pytest.raises(ConfigError) as error:
+        parse("--enable-gpt-oss", "--yarn-original-max-position-embeddings", "4096")
+    assert str(error.value).startswith(
+        "--yarn-original-max-position-embeddings 4096 with --enable-gpt-oss, which fixes it at 131072"
+    )
+    for flags, said in (
+        (["--position-embedding-type", "yarn", "--multi-latent-attention"], "--rope-type yarn"),
+        (["--position-embedding-type", "yarn", "--rotary-interleaved"], "megatron-core's YaRN rotates halves"),
+    ):
+        with pytest.raises(ConfigError, match=None) as error:
+            parse(*flags)
+        assert said in str(error.value), str(error.value)

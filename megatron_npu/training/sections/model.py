@@ -77,7 +77,7 @@ class ModelSection(Section):
     max_position_embeddings: int | None = None
     """Size of the position embedding; --seq-length if not given."""
 
-    position_embedding_type: Literal["learned_absolute", "rope", "none"] = "learned_absolute"
+    position_embedding_type: Literal["learned_absolute", "rope", "yarn", "none"] = "learned_absolute"
     """Position embedding type."""
 
     use_rotary_position_embeddings: bool = False
@@ -200,16 +200,44 @@ class ModelSection(Section):
     """Dimension of the head in the V projection (MLA)."""
 
     rotary_scaling_factor: float = 1.0
-    """Rotary scaling factor for the rotary embeddings (YaRN, MLA)."""
+    """Rotary scaling factor for the rotary embeddings (YaRN: MLA's, and --position-embedding-type yarn's)."""
 
     mscale: float = 1.0
-    """Mscale for YaRN RoPE in multi-latent attention."""
+    """Mscale for YaRN RoPE in multi-latent attention (and --position-embedding-type yarn)."""
 
     mscale_all_dim: float = 0.0
-    """Mscale all dimensions for YaRN RoPE in multi-latent attention."""
+    """Mscale all dimensions for YaRN RoPE in multi-latent attention (and --position-embedding-type yarn)."""
 
     rope_type: Literal["rope", "yarn"] | None = None
     """Type of rope to use: MLA takes yarn by default, other attention rope."""
+
+    # YaRN on standard attention (--position-embedding-type yarn): Megatron-LM core_v0.19.0's flags, with
+    # --rotary-scaling-factor, --mscale and --mscale-all-dim; core_v0.16.1 has them only through --enable-gpt-oss
+    yarn_original_max_position_embeddings: int | None = spec(None, extension=True)
+    """Original maximum position embeddings for YaRN RoPE frequency correction (Megatron-LM core_v0.19.0's
+    flag; none: 4096)."""
+
+    yarn_beta_fast: float | None = spec(None, extension=True)
+    """Beta fast for YaRN RoPE frequency correction (Megatron-LM core_v0.19.0's flag; none: 32)."""
+
+    yarn_beta_slow: float | None = spec(None, extension=True)
+    """Beta slow for YaRN RoPE frequency correction (Megatron-LM core_v0.19.0's flag; none: 1)."""
+
+    yarn_correction_range_round_to_int: bool | None = spec(
+        None,
+        extension=True,
+        opposite=(
+            "--no-yarn-correction-range-round-to-int",
+            "[megatron-npu extension] Do not round YaRN correction range endpoints to integers (Hugging Face's "
+            "truncate false; Megatron-LM core_v0.19.0's flag).",
+        ),
+    )
+    """Round YaRN correction range endpoints to integers (Megatron-LM core_v0.19.0's flag; none: round)."""
+
+    enable_gpt_oss: bool = False
+    """Enable GPT-OSS mode with YaRN RoPE configuration (Megatron-LM's ModelOpt flag): YaRN on standard attention
+    with Megatron-LM's fixed values, factor 32, original max positions 131072, beta 32/1, mscale 1/0, no rounding
+    (published gpt-oss checkpoints use 4096: `megatron-npu convert` prints the --yarn-* flags)."""
 
     mtp_num_layers: int | None = None
     """Number of multi-token prediction (MTP) layers; none: no MTP."""
