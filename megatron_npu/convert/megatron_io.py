@@ -1,7 +1,8 @@
 """The megatron-core side: pretrain_gpt.py's own model, filled from or read into HF tensors.
 
-The converter builds pretrain_gpt.py's whole model (TP1, PP1, its ``model_provider``) on the
-meta device: that gives every tensor's name, shape and dist-checkpointing key without memory.
+The converter builds pretrain_gpt.py's whole model (TP1, PP1: ``spec.gpt_model``, what its
+``model_provider`` builds) on the meta device, from the model's sections and a layout, in a world of
+one: that gives every tensor's name, shape and dist-checkpointing key without memory.
 dist-checkpointing stores global tensors (each layer a chunk of its stacked tensor, QKV by
 whole query groups), so the checkpoint loads under any TP x PP x VPP whose vocabulary padding
 matches, and the export reads any TP x PP (x VPP) checkpoint, resharded by dist-checkpointing.
@@ -16,30 +17,98 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state
 
 from megatron_npu.convert.hf_config import ModelSpec, layout_flags
 from megatron_npu.convert.hf_io import HFReader
 from megatron_npu.convert.mapping import VOCAB_TENSORS, rules, sliced
 from megatron_npu.convert.pieces import Pieces, Reader, layer_stacked
+from megatron_npu.layout.model_shape import ModelShape
+from megatron_npu.layout.parallel_dims import ParallelDims
+from megatron_npu.spec import gpt_model
 from megatron_npu.training.arguments import parse_args
 from megatron_npu.training.checkpointing import checkpoint_dir, save_checkpoint
-from megatron_npu.training.global_vars import set_global
 from megatron_npu.training.initialize import initialize_distributed
 from megatron_npu.training.run_state import RunState
+from megatron_npu.training.sections import (
+    CheckpointSection,
+    DistributedSection,
+    MixedPrecisionSection,
+    ModelSection,
+    MoeSection,
+    Section,
+    TrainingSection,
+    add_section_arguments,
+)
 
 PRETRAIN_GPT = Path(__file__).resolve().parents[2] / "pretrain_gpt.py"
 Progress = Callable[[str], None]
 
 
+# the sections the model flags (ModelSpec.flags) belong to
+MODEL_FLAG_SECTIONS: tuple[type[Section], ...] = (ModelSection, MoeSection, MixedPrecisionSection)
+PARAMS_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # else float32
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """What a model is built from (``training.config.ModelSettings``): its sections and its layout."""
+
+    model: ModelSection
+    moe: MoeSection
+    precision: MixedPrecisionSection
+    training: TrainingSection
+    distributed: DistributedSection
+    checkpoint: CheckpointSection
+    parallel: ParallelDims
+
+
+def model_settings(spec: ModelSpec) -> ModelSettings:
+    """The sections of ``spec``'s model at TP1 x PP1: its printed flags read by the sections' own
+    argument groups (no trainer start-up, no other flag), with what validation derives from them."""
+    model, moe, precision = _flag_sections(spec.flags())
+    shape = ModelShape.from_args(model)  # Megatron-LM's ffn / kv-channel / query-group defaults
+    model = model.replace(
+        ffn_hidden_size=shape.ffn_hidden_size, kv_channels=shape.kv_channels, num_query_groups=shape.num_query_groups
+    )
+    training = TrainingSection(
+        use_cpu_initialization=True,  # the meta model: no device
+        apply_rope_fusion=model.position_embedding_type == "rope",  # validation: fused RoPE only with RoPE
+        bias_gelu_fusion=model.add_bias_linear,  # validation: no bias, no bias-GeLU fusion
+    )
+    layout = ParallelDims(world_size=1, num_layers=model.num_layers, num_experts=moe.num_experts or 0)
+    return ModelSettings(
+        model=model,
+        moe=moe,
+        precision=precision,
+        training=training,
+        # validation: only the interleaved schedule overlaps p2p
+        distributed=DistributedSection(overlap_p2p_comm=False, align_param_gather=False),
+        checkpoint=CheckpointSection(perform_initialization=False),  # the meta model: nothing to initialise
+        parallel=layout,
+    )
+
+
+def _flag_sections(flags: list[str]) -> tuple[ModelSection, MoeSection, MixedPrecisionSection]:
+    parser = argparse.ArgumentParser(prog="ModelSpec.flags", add_help=False, allow_abbrev=False)
+    for section in MODEL_FLAG_SECTIONS:
+        add_section_arguments(parser, section, section.__name__)
+    values = parser.parse_args(flags)
+    values.params_dtype = next((d for flag, d in PARAMS_DTYPES.items() if getattr(values, flag)), "float32")
+    model, moe, precision = (section.from_values(values) for section in MODEL_FLAG_SECTIONS)
+    return model, moe, precision
+
+
 def trainer_args(
     spec: ModelSpec, *, tp: int = 1, pp: int = 1, vpp: int | None = None, ep: int = 1, extra: tuple[str, ...] = ()
 ) -> argparse.Namespace:
-    """pretrain_gpt.py's arguments for ``spec`` under a layout, as its parser derives them."""
+    """pretrain_gpt.py's arguments for ``spec`` under a layout, as its parser derives them: the
+    Megatron-LM ``args`` a converted checkpoint records (its loader checks them against the run's)."""
     argv = [
         *spec.flags(),
         *layout_flags(spec, tp=tp, pp=pp, vpp=vpp, ep=ep),
@@ -66,7 +135,8 @@ def trainer_args(
 
 
 def model_provider() -> Callable[..., torch.nn.Module]:
-    """pretrain_gpt.py's own builder, so the converted layout is the one the trainer loads."""
+    """pretrain_gpt.py's own builder (it reads ``get_args()``): what tests/fixtures/convert_logits.py loads
+    a converted checkpoint into, as the trainer does."""
     module_spec = importlib.util.spec_from_file_location("pretrain_gpt", PRETRAIN_GPT)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
@@ -74,7 +144,7 @@ def model_provider() -> Callable[..., torch.nn.Module]:
 
 
 def single_process(args: argparse.Namespace) -> None:
-    """A world of one (the accelerator's backend) for megatron-core's parallel state."""
+    """The trainer's start-up in a world of one (the accelerator's backend; tests/fixtures/convert_logits.py)."""
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     os.environ.setdefault("RANK", "0")
@@ -89,15 +159,23 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def meta_model(spec: ModelSpec) -> tuple[torch.nn.Module, argparse.Namespace]:
+def world_of_one() -> None:
+    """What building a model needs of process groups. megatron-core has no single-process mode: its
+    layers read their tensor / pipeline / expert group sizes and ranks from parallel_state at
+    construction, and dist-checkpointing's save gathers over a process group; so a gloo world of
+    one, its store in memory (no port, no device), with TP1 x PP1 groups, and nothing else."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel()
+
+
+def meta_model(spec: ModelSpec) -> torch.nn.Module:
     """pretrain_gpt.py's whole model (TP1, PP1) on the meta device: its names, shapes and
     sharded state dict (global keys and chunks) without memory for its weights."""
-    args = trainer_args(spec)
-    if not dist.is_initialized():
-        single_process(args)
-    set_global("args", args)
+    world_of_one()
     with torch.device("meta"):
-        return model_provider()(pre_process=True, post_process=True), args
+        return gpt_model(model_settings(spec), spec.padded_vocab_size)
 
 
 def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -148,7 +226,7 @@ class _Piece:
 def hf_to_megatron(spec: ModelSpec, reader: HFReader, out_dir: str, progress: Progress) -> str:
     """Each piece (the embedding, a layer, the output) filled from the HF files and saved on
     its own; the last one by the trainer's save_checkpoint (iteration 0), which merges them."""
-    model, args = meta_model(spec)
+    model = meta_model(spec)
     params = _params(model)
     by_name = {r.megatron: r for r in rules(spec)}
     if set(params) != set(by_name):
@@ -171,6 +249,7 @@ def hf_to_megatron(spec: ModelSpec, reader: HFReader, out_dir: str, progress: Pr
         if n < len(pieces):
             staging.save({"model": filled})
         else:
+            args = trainer_args(spec)  # the checkpoint's Megatron-LM ``args`` record
             args.save, args.no_save_optim, args.no_save_rng = out_dir, True, True
             directory = save_checkpoint(
                 RunState(), [_Piece(filled)], None, None, args, in_save=_merge(staging, out_dir)
@@ -195,7 +274,7 @@ def megatron_to_hf(
     rows the import cut (``cut_vocab_rows``), put back; ``dtypes``: HF tensors kept in another
     dtype than the model's, by name."""
     other = {name: getattr(torch, dtype) for name, dtype in (dtypes or {}).items()}
-    model, _ = meta_model(spec)
+    model = meta_model(spec)
     params = _params(model)
     by_name = {r.megatron: r for r in rules(spec, cut)}
     reader = Reader(directory)

@@ -7,11 +7,10 @@ new megatron-core field with a Megatron-LM flag needs no code here.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -27,14 +26,20 @@ from megatron_npu.compat import release_config, squared_relu
 from megatron_npu.compat.core import quick_gelu
 from megatron_npu.ops.fused import fused_rotary_serves
 from megatron_npu.training.sections import (
+    CheckpointSection,
     DistributedSection,
     FsdpSection,
     LoggingSection,
     MixedPrecisionSection,
+    ModelSection,
+    MoeSection,
     OptimizerSection,
     ScheduleSection,
     TrainingSection,
 )
+
+if TYPE_CHECKING:
+    from megatron_npu.layout.parallel_dims import ParallelDims
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -47,93 +52,138 @@ CUDA_EXTENSION_FUSIONS = {
 }
 
 
+class ModelSettings(Protocol):
+    """The sections a model is built from, and its layout: ``Settings`` has them (the trainer), and
+    ``megatron_npu.convert`` builds its own from a Hugging Face config, without the trainer's flags."""
+
+    model: ModelSection
+    moe: MoeSection
+    precision: MixedPrecisionSection
+    training: TrainingSection  # fusions, recomputation, sequence parallelism
+    distributed: DistributedSection  # p2p and context-parallel communication
+    checkpoint: CheckpointSection  # perform_initialization (--no-initialization)
+    parallel: ParallelDims
+
+
 def params_dtype(precision: MixedPrecisionSection) -> torch.dtype:
     """``params_dtype`` ("float32" / "float16" / "bfloat16", derived in validation.py) as a torch dtype."""
     return DTYPES[precision.params_dtype]
 
 
-def available_fusions(args: argparse.Namespace) -> dict[str, bool]:
-    """The CUDA-extension fusions the arguments ask for, and whether they can run here."""
+def available_fusions(training: TrainingSection) -> dict[str, bool]:
+    """The CUDA-extension fusions the settings ask for, and whether they can run here."""
     return {
-        name: bool(getattr(args, name, False)) and importlib.util.find_spec(module) is not None
+        name: bool(getattr(training, name)) and importlib.util.find_spec(module) is not None
         for name, module in CUDA_EXTENSION_FUSIONS.items()
     }
 
 
-def rope_fusion(args: argparse.Namespace) -> bool:
+def rope_fusion(settings: ModelSettings) -> bool:
     """--no-rope-fusion runs megatron's unfused RoPE math on every target; otherwise the fused
     kernel runs where one exists: Transformer Engine's, or the device's (megatron_npu/patches/fused_ops.py)."""
     if importlib.util.find_spec("transformer_engine") is not None:
-        return bool(args.apply_rope_fusion)
+        return bool(settings.training.apply_rope_fusion)
     # (megatron's config check also asks TE for an interleaved fused RoPE)
-    return bool(args.apply_rope_fusion) and fused_rotary_serves(args.rotary_interleaved)
+    return bool(settings.training.apply_rope_fusion) and fused_rotary_serves(settings.model.rotary_interleaved)
 
 
-def device_swiglu_fusion(args: argparse.Namespace) -> bool:
+def device_swiglu_fusion(model: ModelSection, training: TrainingSection) -> bool:
     """SwiGLU on the device's kernel: --swiglu, fusion not turned off, a kernel on this device."""
-    return bool(args.swiglu and args.bias_swiglu_fusion) and get_accelerator().fused_kernel("swiglu") is not None
+    return bool(model.swiglu and training.bias_swiglu_fusion) and get_accelerator().fused_kernel("swiglu") is not None
 
 
-def _activation(args: argparse.Namespace) -> tuple[Callable, bool]:
+def _activation(model: ModelSection) -> tuple[Callable, bool]:
     """(activation_func, gated_linear_unit) as Megatron-LM derives them."""
-    if args.swiglu:
+    if model.swiglu:
         return F.silu, True
-    if getattr(args, "quick_geglu", False):  # gpt-oss: gated quick-GeLU (offset and clamp: config fields)
+    if model.quick_geglu:  # gpt-oss: gated quick-GeLU (offset and clamp: config fields)
         return quick_gelu(), True
-    if args.squared_relu:
+    if model.squared_relu:
         return squared_relu, False
-    if args.openai_gelu:
+    if model.openai_gelu:
         return openai_gelu, False
     return F.gelu, False
 
 
-def _bias_activation_fusion(args: argparse.Namespace) -> bool:
+def _bias_activation_fusion(model: ModelSection, training: TrainingSection) -> bool:
     """megatron's fused bias-activation: for SwiGLU the device kernel (the spec's activation module)
     or TorchScript; bias-GeLU fuses only a bias that exists. Where the TorchScript fuser does not
     serve the device the patch on TransformerConfig.__post_init__ (megatron_npu/patches/transformer.py) turns
     the jit fusions off."""
-    if args.swiglu:
-        return bool(args.bias_swiglu_fusion and not device_swiglu_fusion(args))
-    if getattr(args, "quick_geglu", False):
+    if model.swiglu:
+        return bool(training.bias_swiglu_fusion and not device_swiglu_fusion(model, training))
+    if model.quick_geglu:
         # megatron-core fuses quick-GeGLU only with per-token scales (its MLP raises otherwise): the same
         # math runs unfused
         return False
-    return bool(args.bias_gelu_fusion and args.add_bias_linear)
+    return bool(training.bias_gelu_fusion and model.add_bias_linear)
 
 
-def _derived_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The TransformerConfig fields whose value is not ``args.<same name>``: Megatron-LM's other
+def _derived_fields(settings: ModelSettings) -> dict[str, Any]:
+    """The TransformerConfig fields whose value is not the flag of the same name: Megatron-LM's other
     spellings and what this trainer derives (the one list of exceptions to the reflection)."""
-    activation, gated = _activation(args)
-    fusions = available_fusions(args)
-    dtype = DTYPES[args.params_dtype]
+    model, training = settings.model, settings.training
+    activation, gated = _activation(model)
+    fusions = available_fusions(training)
+    dtype = params_dtype(settings.precision)
     fields: dict[str, Any] = {
-        "layernorm_epsilon": args.norm_epsilon,
-        "layernorm_zero_centered_gamma": args.apply_layernorm_1p,
-        "add_qkv_bias": args.add_qkv_bias or args.add_bias_linear,
+        "layernorm_epsilon": model.norm_epsilon,
+        "layernorm_zero_centered_gamma": model.apply_layernorm_1p,
+        "add_qkv_bias": model.add_qkv_bias or model.add_bias_linear,
         "gated_linear_unit": gated,
         "activation_func": activation,
-        "bias_activation_fusion": _bias_activation_fusion(args),
-        "use_te_activation_func": device_swiglu_fusion(args),  # megatron's seam for a spec'd activation module
+        "bias_activation_fusion": _bias_activation_fusion(model, training),
+        # megatron's seam for a spec'd activation module
+        "use_te_activation_func": device_swiglu_fusion(model, training),
         "masked_softmax_fusion": fusions["masked_softmax_fusion"],
         "gradient_accumulation_fusion": fusions["gradient_accumulation_fusion"],
-        "apply_rope_fusion": rope_fusion(args),
+        "apply_rope_fusion": rope_fusion(settings),
         "params_dtype": dtype,
         "pipeline_dtype": dtype,
-        "use_cpu_initialization": bool(args.use_cpu_initialization),
-        "num_moe_experts": args.num_experts,
-        "attention_backend": AttnBackend[str(args.attention_backend).split(".")[-1]],  # the flag's name, an enum
+        "use_cpu_initialization": bool(training.use_cpu_initialization),
+        "num_moe_experts": settings.moe.num_experts,
+        "attention_backend": AttnBackend[str(model.attention_backend).split(".")[-1]],  # the flag's name, an enum
         "deallocate_pipeline_outputs": True,  # as Megatron-LM; megatron_npu/patches/pipeline_parallel.py keeps it off on gloo
         "barrier_with_L1_time": False,
         # as Megatron-LM: one --cp-comm-type for every layer is a string, several are one per layer
-        "cp_comm_type": args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else list(args.cp_comm_type),
+        "cp_comm_type": _cp_comm_type(settings.distributed.cp_comm_type),
         # Megatron-LM's spellings of the uneven first / last pipeline stages
-        "num_layers_in_first_pipeline_stage": getattr(args, "decoder_first_pipeline_num_layers", None),
-        "num_layers_in_last_pipeline_stage": getattr(args, "decoder_last_pipeline_num_layers", None),
+        "num_layers_in_first_pipeline_stage": model.decoder_first_pipeline_num_layers,
+        "num_layers_in_last_pipeline_stage": model.decoder_last_pipeline_num_layers,
     }
-    if args.init_method_xavier_uniform:  # as Megatron-LM: both init methods
+    if model.init_method_xavier_uniform:  # as Megatron-LM: both init methods
         fields["init_method"] = fields["output_layer_init_method"] = torch.nn.init.xavier_uniform_
     return fields
+
+
+def _cp_comm_type(cp_comm_type: tuple[str, ...]) -> str | list[str]:
+    return cp_comm_type[0] if len(cp_comm_type) == 1 else list(cp_comm_type)
+
+
+def _flag_values(settings: ModelSettings) -> dict[str, Any]:
+    """The flags a model reads, by name: its sections' fields and the layout's degrees (Megatron-LM's
+    ``args`` holds them all in one namespace; here each comes from the section that owns it)."""
+    values: dict[str, Any] = {}
+    for section in (settings.model, settings.moe, settings.precision, settings.training, settings.distributed):
+        values.update((f.name, getattr(section, f.name)) for f in dataclasses.fields(section))
+    dims = settings.parallel
+    return values | {
+        "tensor_model_parallel_size": dims.tp,
+        "pipeline_model_parallel_size": dims.pp,
+        "virtual_pipeline_model_parallel_size": dims.vpp,
+        "context_parallel_size": dims.cp,
+        "expert_model_parallel_size": dims.ep,
+        "expert_tensor_parallel_size": dims.expert_tp,
+        "perform_initialization": settings.checkpoint.perform_initialization,
+        # as validation.py derives them: fixed-length samples; batched p2p unless the interleaved schedule overlaps it
+        "variable_seq_lengths": False,
+        "batch_p2p_comm": not settings.distributed.overlap_p2p_comm,
+    }
+
+
+def _config_value(field: dataclasses.Field, value: Any) -> Any:
+    """A section's tuple as the list megatron-core's field takes (sections hold no lists); a Tuple field keeps it."""
+    return list(value) if isinstance(value, tuple) and "tuple" not in str(field.type).lower() else value
 
 
 # Flags that share a TransformerConfig field's name but must not set it: None means "megatron-core's
@@ -141,21 +191,21 @@ def _derived_fields(args: argparse.Namespace) -> dict[str, Any]:
 _DEFAULT_WHEN_NONE = ("recompute_modules",)
 
 
-def transformer_config(args: argparse.Namespace) -> TransformerConfig:
+def transformer_config(settings: ModelSettings) -> TransformerConfig:
     """As Megatron-LM's core_transformer_config_from_args: every field of the config class
     (MLATransformerConfig with --multi-latent-attention) that has a flag of the same name takes its
     value, then the derived fields above. The YaRN fields without a Megatron-LM flag
     (original_max_position_embeddings, beta_fast, beta_slow) keep MLATransformerConfig's defaults."""
-    values = args.values() if hasattr(args, "values") else vars(args)
+    values = _flag_values(settings)
     config_class = MLATransformerConfig if values.get("multi_latent_attention") else TransformerConfig
     kwargs = {
-        f.name: values[f.name]
+        f.name: _config_value(f, values[f.name])
         for f in dataclasses.fields(config_class)
         if f.init and f.name in values and not (f.name in _DEFAULT_WHEN_NONE and values[f.name] is None)
     }
     if kwargs.get("rope_type", "") is None:
         del kwargs["rope_type"]  # as Megatron-LM: the class's default (MLA yarn, other attention rope)
-    kwargs.update(_derived_fields(args))
+    kwargs.update(_derived_fields(settings))
     config = release_config(config_class, kwargs)  # less the fields an older megatron-core lacks
     _set_yarn_attributes(config, values)
     return config

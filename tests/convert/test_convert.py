@@ -588,6 +588,28 @@ def _config(family: str, **changes: object) -> dict:
     return {**CONFIGS[family]().to_dict(), **changes}
 
 
+def test_the_model_convert_builds_is_the_one_pretrain_gpt_builds_from_the_printed_flags() -> None:
+    """convert builds its model from the model's sections (its printed flags, no trainer start-up) and a TP1
+    layout: every family's TransformerConfig equals the one pretrain_gpt.py's parser and validation give."""
+    import dataclasses
+    import functools
+
+    from megatron_npu.convert.megatron_io import model_settings, trainer_args
+    from megatron_npu.training.config import transformer_config
+
+    def fields(config: object) -> dict:
+        out = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        return {k: (v.func, v.args, v.keywords) if isinstance(v, functools.partial) else v for k, v in out.items()}
+
+    for family in CONFIGS:
+        spec = model_spec(_config(family), with_mtp=family.startswith("deepseek"))
+        built, parsed = transformer_config(model_settings(spec)), transformer_config(trainer_args(spec))
+        assert type(built) is type(parsed) and fields(built) == fields(parsed), family
+        assert {k: v for k, v in vars(built).items() if k.startswith("yarn_")} == {
+            k: v for k, v in vars(parsed).items() if k.startswith("yarn_")
+        }, family
+
+
 def test_printed_flags_of_the_new_families() -> None:
     qwen3 = " ".join(model_spec(_config("qwen3")).flags())
     assert "--qk-layernorm" in qwen3 and "--kv-channels 32" in qwen3 and "--num-experts" not in qwen3

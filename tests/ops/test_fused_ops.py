@@ -131,9 +131,11 @@ def test_rope_fusion_flag_decides_between_the_kernel_and_the_unfused_math(
 
 def test_no_rope_fusion_holds_on_a_target_without_transformer_engine_or_kernel():
     """The cpu target: no kernel, so the flag's default still runs megatron's unfused math."""
+    from megatron_npu.training.arguments import parse_args
     from megatron_npu.training.config import rope_fusion
 
-    args = type("Args", (), {"apply_rope_fusion": True, "rotary_interleaved": False})()
+    args = parse_args([*TINY_MODEL, "--position-embedding-type", "rope"], world_size=1, check_paths=False)
+    assert args.training.apply_rope_fusion and not args.model.rotary_interleaved
     assert rope_fusion(args) is False
 
 
@@ -182,17 +184,15 @@ def test_swiglu_runs_megatrons_unfused_glu_on_a_target_without_the_kernel():
 def test_spec_provider_selects_fused_attention_only_for_use_flash_attn_on_a_device_with_the_kernel(
     monkeypatch, use_flash_attn
 ):
-    import argparse
-
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     from megatron_npu.ops.attention import FusedDotProductAttention
     from megatron_npu.ops.norm import SequenceParallelTorchNorm
     from megatron_npu.spec import gpt_layer_spec
+    from megatron_npu.training.arguments import parse_args
 
-    args = argparse.Namespace(
-        use_flash_attn=use_flash_attn, qk_layernorm=True, normalization="RMSNorm", num_experts=None
-    )  # a dense model
+    flags = [*TINY_MODEL, "--qk-layernorm", "--normalization", "RMSNorm", *(["--use-flash-attn"] * use_flash_attn)]
+    args = parse_args(flags, world_size=1, check_paths=False, check_target=False)  # a dense model
 
     class WithAttention(CpuAccelerator):
         def fused_kernel(self, key):
