@@ -497,6 +497,13 @@ _NOT_FIELDS: tuple[FlagPolicy, ...] = (
     _ignored("--log-device-memory-used", "device memory through nvidia-smi is CUDA-only", TRUE),
     _ignored("--log-max-attention-logit", "the largest attention logit is not computed", TRUE),
     _ignored("--log-memory-interval", "memory is not reported at an interval", takes(int)),
+    _ignored(
+        "--enable-gpt-oss",
+        "Megatron-LM core_v0.16.1's pretrain_gpt.py parses it and builds the same model (its fixed YaRN acts only "
+        "in ModelOpt's builder, at original max positions 131072 where published gpt-oss says 4096); for gpt-oss's "
+        "YaRN give --position-embedding-type yarn with the flags `megatron-npu convert` prints",
+        FALSE,
+    ),
     # MindSpeed-LLM's fused-op switches (mindspeed_llm/training/arguments.py, _add_fusion_op_args): not
     # Megatron-LM flags; here the fused kernel is chosen by the model's own flags, so migrate drops them.
     *(

@@ -34,17 +34,6 @@ GPT_OSS_ALPHA = 1.702
 QK_NORM = ("qwen3", "qwen3_moe")
 # megatron-core 0.16's MLA YaRN settings Megatron-LM core_v0.16.1 has no flag for (MLATransformerConfig's defaults)
 MLA_YARN_FIXED = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
-# Megatron-LM's --enable-gpt-oss (its ModelOpt builder): YaRN with these values fixed; HF's published gpt-oss
-# configs differ (original_max_position_embeddings 4096), so they get the --yarn-* flags instead
-ENABLE_GPT_OSS_YARN = {
-    "factor": 32.0,
-    "original_max_position_embeddings": 131072,
-    "beta_fast": 32.0,
-    "beta_slow": 1.0,
-    "mscale": 1.0,
-    "mscale_all_dim": 0.0,
-    "round_to_int": False,
-}
 # megatron-core 0.16's RotaryEmbedding applies llama3 scaling with these constants fixed.
 LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 # config.json's names of the sizes TP splits (ModelShape's fields), for the messages
@@ -135,8 +124,6 @@ class YarnSpec:
     round_to_int: bool  # HF truncate: the correction range's ends floored / ceiled
 
     def flags(self) -> list[str]:
-        if {k: getattr(self, k) for k in ENABLE_GPT_OSS_YARN} == ENABLE_GPT_OSS_YARN:
-            return ["--enable-gpt-oss"]  # Megatron-LM's own spelling of these values
         # Megatron-LM core_v0.16.1's YaRN flags (MLA's, applied to standard attention as core_v0.19.0 does) and
         # core_v0.19.0's --yarn-* flags for what core_v0.16.1 has none for
         f = ["--rotary-scaling-factor", repr(self.factor)]

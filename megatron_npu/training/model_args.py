@@ -19,45 +19,9 @@ def tuple_type(value: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of integers") from None
 
 
-#: Megatron-LM's --enable-gpt-oss (megatron/post_training/model_builder.py): YaRN's values as flag -> value
-GPT_OSS_YARN = {
-    "rotary_scaling_factor": 32.0,
-    "yarn_original_max_position_embeddings": 131072,
-    "yarn_beta_fast": 32.0,
-    "yarn_beta_slow": 1.0,
-    "mscale": 1.0,
-    "mscale_all_dim": 0.0,
-    "yarn_correction_range_round_to_int": False,
-}
-#: the flags' defaults before --enable-gpt-oss (None: not given; the others are Megatron-LM's MLA defaults)
-_YARN_UNSET = {"rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}
-
-
-def derive_gpt_oss_yarn(args: argparse.Namespace) -> None:
-    """--enable-gpt-oss: Megatron-LM's ModelOpt builder sets YaRN with fixed values on the config
-    (config.position_embedding_type = "yarn", config.yarn_*); here the same values become the flags
-    --position-embedding-type yarn reads. A YaRN flag given with another value is refused (Megatron-LM
-    overwrites it silently)."""
-    if not getattr(args, "enable_gpt_oss", False):
-        return
-    for name, value in GPT_OSS_YARN.items():
-        given = getattr(args, name)
-        if given is not None and given != _YARN_UNSET.get(name) and given != value:
-            flag = "--" + name.replace("_", "-")
-            raise ConfigError(
-                f"{flag} {given} with --enable-gpt-oss, which fixes it at {value} (Megatron-LM's gpt-oss YaRN): "
-                "drop one (--position-embedding-type yarn takes the YaRN flags without --enable-gpt-oss)"
-            )
-    if args.multi_latent_attention:
-        raise ConfigError("--enable-gpt-oss with --multi-latent-attention: gpt-oss's YaRN is standard attention's")
-    for name, value in {**GPT_OSS_YARN, "position_embedding_type": "yarn", "apply_rope_fusion": False}.items():
-        setattr(args, name, value)
-
-
 def check_model_family_args(args: argparse.Namespace) -> None:
     """Megatron-LM core_v0.16.1's checks of these flags (validate_args and
     core_transformer_config_from_args), before any process group."""
-    derive_gpt_oss_yarn(args)
     if args.position_embedding_type == "yarn" and args.multi_latent_attention:
         raise ConfigError(
             "--position-embedding-type yarn is standard attention's YaRN; multi-latent attention takes "

@@ -656,15 +656,12 @@ def test_printed_flags_of_the_new_families() -> None:
         model_spec(_config("mixtral"), tp=2), tp=2, pp=1, vpp=None, ep=1
     )
     # the published YaRN: Megatron-LM core_v0.16.1's --rotary-scaling-factor and core_v0.19.0's --yarn-* flags
-    # (--enable-gpt-oss fixes original_max_position_embeddings at 131072); its own values print --enable-gpt-oss
     assert (
         "--position-embedding-type yarn --rotary-base 150000" in gpt_oss
         and "--rotary-scaling-factor 32.0 --yarn-original-max-position-embeddings 4096 --yarn-beta-fast 32.0 "
         "--yarn-beta-slow 1.0 --no-yarn-correction-range-round-to-int --untie"
         in gpt_oss
     )
-    megatron_lms = {**GPT_OSS_YARN, "original_max_position_embeddings": 131072}
-    assert "--enable-gpt-oss --untie" in " ".join(model_spec(_config("gpt_oss", rope_parameters=megatron_lms)).flags())
     # other families' YaRN (LLaMA, Qwen): transformers' defaults (beta 32 / 1, truncate), mscale / mscale_all_dim
     # only when both are given (else transformers' attention factor is yarn_get_mscale(factor): 1 / 0 here)
     for extra, printed in (

@@ -178,26 +178,17 @@ def test_standard_attention_yarn_reaches_gpt_models_yarn_embedding_and_the_atten
     assert not hasattr(transformer_config(parse()), "yarn_rotary_scaling_factor")  # RoPE: no attention factor
 
 
-def test_enable_gpt_oss_is_megatron_lms_fixed_yarn():
-    """Megatron-LM's --enable-gpt-oss (its ModelOpt builder): YaRN on standard attention at factor 32, original
-    max positions 131072, beta 32 / 1, mscale 1 / 0, unrounded; a YaRN flag with another value is refused."""
+def test_enable_gpt_oss_builds_what_megatron_lms_pretrain_gpt_builds():
+    """Megatron-LM core_v0.16.1's pretrain_gpt.py parses --enable-gpt-oss and builds the same model (its fixed
+    YaRN acts only in ModelOpt's builder): accepted with no effect, the reason printed; YaRN is asked for with
+    --position-embedding-type yarn, whose wrong combinations are refused."""
     from megatron_npu.training.config import transformer_config
 
-    args = parse("--enable-gpt-oss")  # the recipe gives no --position-embedding-type: it becomes yarn
-    config = transformer_config(args)
-    assert args.position_embedding_type == "yarn"
-    assert (config.yarn_rotary_scaling_factor, config.yarn_original_max_position_embeddings) == (32.0, 131072)
-    assert (config.yarn_beta_fast, config.yarn_beta_slow, config.yarn_correction_range_round_to_int) == (
-        32.0,
-        1.0,
-        False,
-    )
-    assert parse("--enable-gpt-oss", "--rotary-scaling-factor", "32").rotary_scaling_factor == 32.0  # the same
-    with pytest.raises(ConfigError) as error:
-        parse("--enable-gpt-oss", "--yarn-original-max-position-embeddings", "4096")
-    assert str(error.value).startswith(
-        "--yarn-original-max-position-embeddings 4096 with --enable-gpt-oss, which fixes it at 131072"
-    )
+    args = parse("--enable-gpt-oss")
+    assert args.position_embedding_type == parse().position_embedding_type  # as without it: no YaRN
+    assert not hasattr(transformer_config(args), "yarn_rotary_scaling_factor")
+    assert [flag for flag, _ in args.ignored_flags] == ["--enable-gpt-oss"]
+    assert "--position-embedding-type yarn" in dict(args.ignored_flags)["--enable-gpt-oss"]
     for flags, said in (
         (["--position-embedding-type", "yarn", "--multi-latent-attention"], "--rope-type yarn"),
         (["--position-embedding-type", "yarn", "--rotary-interleaved"], "megatron-core's YaRN rotates halves"),

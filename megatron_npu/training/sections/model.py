@@ -212,7 +212,7 @@ class ModelSection(Section):
     """Type of rope to use: MLA takes yarn by default, other attention rope."""
 
     # YaRN on standard attention (--position-embedding-type yarn): Megatron-LM core_v0.19.0's flags, with
-    # --rotary-scaling-factor, --mscale and --mscale-all-dim; core_v0.16.1 has them only through --enable-gpt-oss
+    # --rotary-scaling-factor, --mscale and --mscale-all-dim; core_v0.16.1 has none for standard attention
     yarn_original_max_position_embeddings: int | None = spec(None, extension=True)
     """Original maximum position embeddings for YaRN RoPE frequency correction (Megatron-LM core_v0.19.0's
     flag; none: 4096)."""
@@ -233,11 +233,6 @@ class ModelSection(Section):
         ),
     )
     """Round YaRN correction range endpoints to integers (Megatron-LM core_v0.19.0's flag; none: round)."""
-
-    enable_gpt_oss: bool = False
-    """Enable GPT-OSS mode with YaRN RoPE configuration (Megatron-LM's ModelOpt flag): YaRN on standard attention
-    with Megatron-LM's fixed values, factor 32, original max positions 131072, beta 32/1, mscale 1/0, no rounding
-    (published gpt-oss checkpoints use 4096: `megatron-npu convert` prints the --yarn-* flags)."""
 
     mtp_num_layers: int | None = None
     """Number of multi-token prediction (MTP) layers; none: no MTP."""
