@@ -243,7 +243,7 @@ def _attention(model: ModelSpec, st: MemorySettings, dims: ParallelDims, act: in
     q = v_out = heads * shape.kv_channels
     kv = shape.num_query_groups // tp * shape.kv_channels if shape.num_query_groups >= tp else shape.kv_channels
     qkv_out = tokens * (q + 2 * kv) * act
-    rope = model.position_embedding_type == "rope"
+    rope = model.position_embedding_type in ("rope", "yarn")  # YaRN rotates as RoPE, its mscale in cos / sin
     out = {"norm": _norm(model, st, shard, model.hidden_size, act), "qkv_in": shard * model.hidden_size * act}
     if model.multi_latent_attention:
         # MLA: q and k carry qk_head_dim + the RoPE part, v its own head size (core attention below)

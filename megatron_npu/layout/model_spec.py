@@ -33,7 +33,7 @@ class ModelSpec:
     untie_embeddings_and_output_weights: bool = False
     add_bias_linear: bool = True
     normalization: str = "LayerNorm"  # or RMSNorm (no bias)
-    position_embedding_type: str = "learned_absolute"  # or rope
+    position_embedding_type: str = "learned_absolute"  # or rope, yarn, none
     max_position_embeddings: int | None = None  # None: seq_length
     make_vocab_size_divisible_by: int = 128
     params_dtype: str = "bf16"

@@ -67,7 +67,7 @@ def _line(log: str, text: str) -> int:
 
 def _kill_mid_write(run_dir: Path, save: Path, release: Path) -> tuple[str, float]:
     """The first job, killed with its ranks while the writers of iteration 4's save are mid-write (DP2 without the
-    distributed optimizer: rank 0 writes every shard), iteration 5 has run and the save of 2 is published; returns its log and the seconds until none of its processes was left."""
+    distributed optimizer, saved fully parallel: each rank's writer writes its share), iteration 5 has run and the save of 2 is published; returns its log and the seconds until none of its processes was left."""
     marker = new_marker()
     command = torchrun_command(PAUSED_WRITER, *_flags(run_dir, save), nproc=2)
     env = base_env(**{MARKER_ENV: marker}, **paused_writer_env("iter_0000004.partial", release))
