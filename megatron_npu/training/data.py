@@ -23,6 +23,7 @@ from megatron.core.datasets.utils import get_blend_from_list
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.compat import parallel_state  # megatron-core's; vp_stage on 0.12 too
 from megatron_npu.training.run_state import RunState
+from megatron_npu.training.sections import DataSection, ScheduleSection
 
 
 def train_valid_test_num_samples(args: argparse.Namespace) -> list[int]:
@@ -41,29 +42,36 @@ def is_dataset_built_on_rank() -> bool:
     return chunk_reads_data(None)
 
 
-def gpt_dataset_config(args: argparse.Namespace, tokenizer: object) -> GPTDatasetConfig:
-    per_split = [get_blend_from_list(p) for p in (args.train_data_path, args.valid_data_path, args.test_data_path)]
+def gpt_dataset_config(data: DataSection, seed: int, tokenizer: object) -> GPTDatasetConfig:
+    per_split = [
+        get_blend_from_list(_list(p)) for p in (data.train_data_path, data.valid_data_path, data.test_data_path)
+    ]
     use_per_split = any(blend is not None for blend in per_split)
     return GPTDatasetConfig(
-        random_seed=args.seed,
-        sequence_length=args.seq_length,
-        blend=None if (args.mock_data or use_per_split) else get_blend_from_list(args.data_path),
-        blend_per_split=per_split if use_per_split and not args.mock_data else None,
-        split=args.split,
-        path_to_cache=args.data_cache_path,
-        mmap_bin_files=not args.no_mmap_bin_files,
+        random_seed=seed,
+        sequence_length=data.seq_length,
+        blend=None if (data.mock_data or use_per_split) else get_blend_from_list(_list(data.data_path)),
+        blend_per_split=per_split if use_per_split and not data.mock_data else None,
+        split=data.split,
+        path_to_cache=data.data_cache_path,
+        mmap_bin_files=data.mmap_bin_files,
         tokenizer=tokenizer,
-        reset_position_ids=args.reset_position_ids,
-        reset_attention_mask=args.reset_attention_mask,
-        eod_mask_loss=args.eod_mask_loss,
-        create_attention_mask=args.reset_attention_mask,
-        num_dataset_builder_threads=args.num_dataset_builder_threads,
+        reset_position_ids=data.reset_position_ids,
+        reset_attention_mask=data.reset_attention_mask,
+        eod_mask_loss=data.eod_mask_loss,
+        create_attention_mask=data.reset_attention_mask,
+        num_dataset_builder_threads=data.num_dataset_builder_threads,
     )
+
+
+def _list(paths: tuple[str, ...] | None) -> list[str] | None:
+    """A section's paths as the list megatron-core's get_blend_from_list reads (sections hold tuples)."""
+    return None if paths is None else list(paths)
 
 
 def build_datasets(args: argparse.Namespace, tokenizer: object, num_samples: list[int]) -> list:
     """(train, valid, test) datasets; called on every rank (the builder synchronises)."""
-    config = gpt_dataset_config(args, tokenizer)
+    config = gpt_dataset_config(args.data, args.init.seed, tokenizer)
     dataset_cls = MockGPTDataset if args.mock_data else GPTDataset
     return BlendedMegatronDatasetBuilder(dataset_cls, num_samples, is_dataset_built_on_rank, config).build()
 
@@ -148,31 +156,36 @@ def _ignore_exit_signal(signum: int, worker_id: int) -> None:
     signal.signal(signum, signal.SIG_IGN)
 
 
-def build_loader(dataset, consumed_samples: int, args: argparse.Namespace, cyclic: bool = False) -> Iterator | None:
+def build_loader(
+    dataset,
+    consumed_samples: int,
+    data: DataSection,
+    schedule: ScheduleSection,
+    seed: int,
+    dp: int,
+    cyclic: bool = False,
+) -> Iterator | None:
     if dataset is None or len(dataset) == 0:
         return None
-    sampler_cls = CyclicSampler if cyclic else RandomSampler if args.dataloader_type == "cyclic" else PretrainingSampler
+    sampler_cls = CyclicSampler if cyclic else RandomSampler if data.dataloader_type == "cyclic" else PretrainingSampler
     sampler = sampler_cls(
-        len(dataset),
-        consumed_samples,
-        args.micro_batch_size,
-        parallel_state.get_data_parallel_rank(),
-        args.parallel.dp,
+        len(dataset), consumed_samples, schedule.micro_batch_size, parallel_state.get_data_parallel_rank(), dp
     )
+    exit_signal = schedule.exit_signal
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_sampler=sampler,
-        num_workers=args.num_workers,
+        num_workers=data.num_workers,
         pin_memory=get_accelerator().supports_pinned_memory(),
-        persistent_workers=args.num_workers > 0,
+        persistent_workers=data.num_workers > 0,
         # Its own generator: creating an iterator must not draw from the global RNG,
         # which (on cpu) is also the dropout RNG a resumed run restores.
-        generator=torch.Generator().manual_seed(args.seed),
-        worker_init_fn=functools.partial(_ignore_exit_signal, args.exit_signal) if args.exit_signal_handler else None,
+        generator=torch.Generator().manual_seed(seed),
+        worker_init_fn=functools.partial(_ignore_exit_signal, exit_signal) if schedule.exit_signal_handler else None,
     )
     iterator: Iterator = iter(loader)
-    if args.data_loader_delay_ms:
-        iterator = _DelayedIterator(iterator, args.data_loader_delay_ms / 1000.0)
+    if data.data_loader_delay_ms:
+        iterator = _DelayedIterator(iterator, data.data_loader_delay_ms / 1000.0)
     return iterator
 
 
@@ -189,10 +202,13 @@ def build_iterators(
     None where the chunk reads no data."""
     train_ds, valid_ds, test_ds = datasets
     train, valid, test = [], [], []
+    loader = functools.partial(
+        build_loader, data=args.data, schedule=args.schedule, seed=args.init.seed, dp=args.parallel.dp
+    )
     for chunk in range(num_chunks):
         vp_stage = chunk if num_chunks > 1 else None
         reads = chunk_reads_data(vp_stage)
-        train.append(build_loader(train_ds, state.consumed_train_samples, args) if reads else None)
-        valid.append(build_loader(valid_ds, state.consumed_valid_samples, args, cyclic=True) if reads else None)
-        test.append(build_loader(test_ds, 0, args) if reads else None)
+        train.append(loader(train_ds, state.consumed_train_samples) if reads else None)
+        valid.append(loader(valid_ds, state.consumed_valid_samples, cyclic=True) if reads else None)
+        test.append(loader(test_ds, 0) if reads else None)
     return train, valid, test
