@@ -21,8 +21,8 @@ from megatron.core.models.gpt import GPTModel
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.compat import get_batch_on_this_cp_rank  # megatron-core's, on every release
-from megatron_npu.compat.core import call_with_vp_stage, mtp_on_this_rank
-from megatron_npu.spec import gpt_layer_spec, mtp_block_spec
+from megatron_npu.compat.core import mtp_on_this_rank
+from megatron_npu.spec import gpt_model
 from megatron_npu.training import get_args, get_timers, get_tokenizer, print_rank_0
 from megatron_npu.training.config import transformer_config
 from megatron_npu.training.data import build_datasets
@@ -33,27 +33,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     """Build one GPT model chunk (the whole model without pipeline parallelism)."""
     args = get_args()
     print_rank_0("building GPT model ...")
-    config = transformer_config(args)
-    return call_with_vp_stage(  # GPTModel takes vp_stage from megatron-core 0.13
-        GPTModel,
-        config=config,
-        transformer_layer_spec=gpt_layer_spec(args, vp_stage),
-        mtp_block_spec=mtp_block_spec(args, config, vp_stage),
-        vocab_size=args.padded_vocab_size,
-        max_sequence_length=args.max_position_embeddings,
-        pre_process=pre_process,
-        post_process=post_process,
-        fp16_lm_cross_entropy=args.fp16_lm_cross_entropy,
-        parallel_output=True,
-        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type,
-        rotary_percent=args.rotary_percent,
-        rotary_base=args.rotary_base,
-        rope_scaling=args.use_rope_scaling,
-        rope_scaling_factor=args.rope_scaling_factor,
-        seq_len_interpolation_factor=args.rotary_seq_len_interpolation_factor,
-        vp_stage=vp_stage,
-    )
+    return gpt_model(args, args.padded_vocab_size, pre_process, post_process, vp_stage)
 
 
 def get_batch(data_iterator):
