@@ -311,9 +311,10 @@ class Accelerator(abc.ABC):
         (x [m, k], weights [n, k] each, tokens_per_expert) -> [m, n], rows of group i times
         weights[i]^T, differentiable (twin in megatron_npu/ops/grouped_gemm.py). Context parallelism's
         blocks (twins in megatron_npu/ops/attention_blocks.py; statistics fp32 [b, np, sq, k]):
-        ``"attention_block"``: (query, key, value, *, softmax_scale, causal) -> (out [sq, b, np, hn],
-        softmax_max, softmax_sum);  ``"attention_block_grad"``: (query, key, value, dout, out,
-        softmax_max, softmax_sum, *, softmax_scale, causal) -> (dq, dk, dv);  ``"attention_merge"``:
+        ``"attention_block"``: (query, key, value, *, softmax_scale, causal, band) -> (out [sq, b, np, hn],
+        softmax_max, softmax_sum), band (pre, next) or None: key j seen by query i iff i - pre <= j <= i + next
+        (block-local, every row keeps a key), in place of causal;  ``"attention_block_grad"``: (query, key,
+        value, dout, out, softmax_max, softmax_sum, *, softmax_scale, causal, band) -> (dq, dk, dv);  ``"attention_merge"``:
         (out, softmax_max, softmax_sum, block_out, block_max, block_sum) -> the merged triple.
         """
         return None

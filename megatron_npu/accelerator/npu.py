@@ -212,19 +212,29 @@ class NpuAccelerator(Accelerator):
         return out.reshape(sq, batch, heads * value_dim)
 
     def _fused_attention_block(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, softmax_scale: float, causal: bool
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        softmax_scale: float,
+        causal: bool,
+        band: tuple[int, int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         sq, batch, heads, head_dim = query.shape
+        mask, sparse_mode, pre_tokens, next_tokens = _block_sparsity(sq, key.shape[0], query.device, causal, band)
         out, softmax_max, softmax_sum = self._torch_npu.npu_fusion_attention(
             query.reshape(sq, batch, -1),
             key.reshape(key.shape[0], batch, -1),
             value.reshape(value.shape[0], batch, -1),
             heads,
             "SBH",
-            atten_mask=_causal_mask(sq, key.shape[0], query.device, causal),
+            atten_mask=mask,
             scale=softmax_scale,
             keep_prob=1.0,
-            next_tockens=0 if causal else _ALL_TOKENS,
+            pre_tockens=pre_tokens,
+            next_tockens=next_tokens,
+            sparse_mode=sparse_mode,
         )[:3]
         return out.view(sq, batch, heads, head_dim), softmax_max, softmax_sum
 
@@ -240,8 +250,10 @@ class NpuAccelerator(Accelerator):
         *,
         softmax_scale: float,
         causal: bool,
+        band: tuple[int, int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         sq, batch, heads, _ = query.shape
+        mask, sparse_mode, pre_tokens, next_tokens = _block_sparsity(sq, key.shape[0], query.device, causal, band)
         dq, dk, dv = self._torch_npu.npu_fusion_attention_grad(
             query.reshape(sq, batch, -1),
             key.reshape(key.shape[0], batch, -1),
@@ -251,11 +263,13 @@ class NpuAccelerator(Accelerator):
             "SBH",
             softmax_max=softmax_max.contiguous(),
             softmax_sum=softmax_sum.contiguous(),
-            atten_mask=_causal_mask(sq, key.shape[0], query.device, causal),
+            atten_mask=mask,
             attention_in=out.reshape(sq, batch, -1),
             scale_value=softmax_scale,
             keep_prob=1.0,
-            next_tockens=0 if causal else _ALL_TOKENS,
+            pre_tockens=pre_tokens,
+            next_tockens=next_tokens,
+            sparse_mode=sparse_mode,
         )[:3]
         return dq.view(query.shape), dk.view(key.shape), dv.view(value.shape)
 
@@ -379,12 +393,28 @@ def _attention_sparsity(
     triangle included) -> sparse_mode 0 with it and every key in the band; neither -> the causal triangle.
     """
     if window is not None:
-        size = _COMPRESSED_MASK
-        compressed = torch.triu(torch.ones(size, size, dtype=torch.bool, device=device), diagonal=1)
-        return compressed, 4, window[0], window[1]
+        return _compressed_mask(device), 4, window[0], window[1]
     if attention_mask is not None:
         return attention_mask.bool(), 0, _ALL_TOKENS, _ALL_TOKENS
     return _causal_mask(sq, sk, device, True), 0, _ALL_TOKENS, 0
+
+
+def _compressed_mask(device: torch.device) -> torch.Tensor:
+    """The compressed 2048 x 2048 lower-triangular atten_mask sparse modes 2-4 read (True = masked)."""
+    return torch.triu(torch.ones(_COMPRESSED_MASK, _COMPRESSED_MASK, dtype=torch.bool, device=device), diagonal=1)
+
+
+def _block_sparsity(
+    sq: int, sk: int, device: torch.device, causal: bool, band: tuple[int, int] | None
+) -> tuple[torch.Tensor | None, int, int, int]:
+    """(atten_mask, sparse_mode, pre_tockens, next_tockens) of a context-parallel block: the causal triangle
+    (sparse_mode 0 with the full mask), every key (no mask), or a band (pre, next) around the block's top-left
+    diagonal (key j seen by query i iff i - pre <= j <= i + next) as sparse_mode 4, whose band CANN documents
+    "参数起点为右下角": around the diagonal through the bottom-right corner, j - i = sk - sq, hence the shift."""
+    if band is None:
+        return _causal_mask(sq, sk, device, causal), 0, _ALL_TOKENS, 0 if causal else _ALL_TOKENS
+    corner = sk - sq
+    return _compressed_mask(device), 4, band[0] + corner, band[1] - corner
 
 
 def _causal_mask(sq: int, sk: int, device: torch.device, causal: bool) -> torch.Tensor | None:

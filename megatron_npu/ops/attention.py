@@ -27,8 +27,8 @@ FUSED_ATTENTION_COVERS = (
     "sliding windows (--window-size)",
     "different q/k and v head sizes (multi-latent attention)",
     "grouped query attention",
-    "under --context-parallel-size: the ring's blocks (npu_fusion_attention / _grad) and merges "
-    "(npu_ring_attention_update), attention sinks as one more merge",
+    "under --context-parallel-size: the ring's blocks (npu_fusion_attention / _grad; a block the window cuts "
+    "as its band, sparse_mode 4) and merges (npu_ring_attention_update), attention sinks as one more merge",
 )
 #: what falls back to megatron-core's unfused math under --use-flash-attn, and why
 FUSED_ATTENTION_FALLS_BACK = {
@@ -37,10 +37,6 @@ FUSED_ATTENTION_FALLS_BACK = {
         "unused until checked on hardware"
     ),
     "--apply-query-key-layer-scaling": "the kernel scales once, megatron-core per layer in fp32",
-    "--window-size under --context-parallel-size: a ring block the window cuts": (
-        "the ring's block kernels take a causal mask or none; a block with the window's mask runs the torch twin "
-        "of megatron-core's masked softmax (ops/attention_blocks.py), the blocks the window keeps whole the kernels"
-    ),
     "attention bias / packed sequences": "not passed by this trainer's GPT path",
 }
 

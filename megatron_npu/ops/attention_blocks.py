@@ -14,10 +14,10 @@ everything here broadcasts over it.
 
 Layouts: query ``[sq, b, np, hn]``, key/value ``[sk, b, ng, hn]`` with ``ng | np`` (GQA: query
 head ``h`` reads group ``h // (np / ng)``, as megatron-core's ``repeat_interleave``).
-``causal`` masks the keys after each query (``sq == sk``, the diagonal block). ``mask`` ([sq, sk] bool, True =
-masked) is a block a sliding window cuts (context parallelism's windows, from global token positions; every row
-keeps at least one key): the device's block kernels take a causal mask or none (Accelerator.fused_kernel's
-signatures), so a masked block runs the torch twin on every device.
+``causal`` masks the keys after each query (``sq == sk``, the diagonal block). ``band`` ``(pre, next)`` is a block
+a sliding window cuts (context parallelism's windows, from global token positions): key ``j`` is seen by query
+``i`` iff ``i - pre <= j <= i + next`` (block-local indices, relative to the top-left diagonal; every row keeps at
+least one key); the device's block kernels take it (on Ascend sparse_mode 4).
 """
 
 from __future__ import annotations
@@ -34,8 +34,18 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
+def band_mask(sq: int, sk: int, band: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+    """[sq, sk] bool, True = masked: the keys outside ``i - pre <= j <= i + next`` (band = (pre, next))."""
+    offset = torch.arange(sk, device=device)[None, :] - torch.arange(sq, device=device)[:, None]  # j - i
+    return (offset < -band[0]) | (offset > band[1])
+
+
 def _scores(
-    query: torch.Tensor, key: torch.Tensor, softmax_scale: float, causal: bool, mask: torch.Tensor | None = None
+    query: torch.Tensor,
+    key: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+    band: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """fp32 scaled scores [b, np, sq, sk] with the key groups repeated to the query heads."""
     groups = query.shape[2] // key.shape[2]
@@ -46,8 +56,8 @@ def _scores(
         sq, sk = scores.shape[-2:]
         above = torch.ones(sq, sk, dtype=torch.bool, device=scores.device).triu(diagonal=1)
         scores = scores.masked_fill(above, float("-inf"))
-    if mask is not None:
-        scores = scores.masked_fill(mask.to(scores.device), float("-inf"))
+    if band is not None:
+        scores = scores.masked_fill(band_mask(*scores.shape[-2:], band, scores.device), float("-inf"))
     return scores
 
 
@@ -63,13 +73,13 @@ def block_forward(
     *,
     softmax_scale: float,
     causal: bool,
-    mask: torch.Tensor | None = None,
+    band: tuple[int, int] | None = None,
 ) -> Stats:
     """(out [sq, b, np, hn] in query's dtype, softmax_max, softmax_sum) of one block."""
-    kernel = get_accelerator().fused_kernel("attention_block") if mask is None else None
+    kernel = get_accelerator().fused_kernel("attention_block")
     if kernel is not None:
-        return kernel(query, key, value, softmax_scale=softmax_scale, causal=causal)
-    return block_forward_twin(query, key, value, softmax_scale=softmax_scale, causal=causal, mask=mask)
+        return kernel(query, key, value, softmax_scale=softmax_scale, causal=causal, band=band)
+    return block_forward_twin(query, key, value, softmax_scale=softmax_scale, causal=causal, band=band)
 
 
 def block_forward_twin(
@@ -79,9 +89,9 @@ def block_forward_twin(
     *,
     softmax_scale: float,
     causal: bool,
-    mask: torch.Tensor | None = None,
+    band: tuple[int, int] | None = None,
 ) -> Stats:
-    scores = _scores(query, key, softmax_scale, causal, mask)
+    scores = _scores(query, key, softmax_scale, causal, band)
     row_max = scores.amax(dim=-1, keepdim=True)
     weights = torch.exp(scores - row_max)
     row_sum = weights.sum(dim=-1, keepdim=True)
@@ -100,18 +110,15 @@ def block_backward(
     *,
     softmax_scale: float,
     causal: bool,
-    mask: torch.Tensor | None = None,
+    band: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of one block, given the whole row's statistics and output (flash attention's
     backward: the probabilities are rebuilt from the scores and the row's max and sum)."""
-    kernel = get_accelerator().fused_kernel("attention_block_grad") if mask is None else None
+    kernel = get_accelerator().fused_kernel("attention_block_grad")
+    stats = (out, softmax_max, softmax_sum)
     if kernel is not None:
-        return kernel(
-            query, key, value, dout, out, softmax_max, softmax_sum, softmax_scale=softmax_scale, causal=causal
-        )
-    return block_backward_twin(
-        query, key, value, dout, out, softmax_max, softmax_sum, softmax_scale=softmax_scale, causal=causal, mask=mask
-    )
+        return kernel(query, key, value, dout, *stats, softmax_scale=softmax_scale, causal=causal, band=band)
+    return block_backward_twin(query, key, value, dout, *stats, softmax_scale=softmax_scale, causal=causal, band=band)
 
 
 def block_backward_twin(
@@ -125,10 +132,10 @@ def block_backward_twin(
     *,
     softmax_scale: float,
     causal: bool,
-    mask: torch.Tensor | None = None,
+    band: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     heads, groups = query.shape[2], key.shape[2]
-    scores = _scores(query, key, softmax_scale, causal, mask)
+    scores = _scores(query, key, softmax_scale, causal, band)
     probs = torch.exp(scores - softmax_max[..., :1]) / softmax_sum[..., :1]
     d_out = _wide(dout).permute(1, 2, 0, 3)  # [b, np, sq, hn]
     dv = torch.matmul(probs.transpose(-1, -2), d_out)  # [b, np, sk, hn]

@@ -12,8 +12,9 @@ positions (``step_pieces``); with causal masking only three kinds of block remai
 - ``src > r``: only the second query chunk ``2P - 1 - r`` sees keys, both of ``src``'s chunks.
 
 A sliding window (``--window-size left,right``: query i sees keys ``i - left .. i + right``) leaves each
-step a run of rows per query chunk that sees a run of keys: fully visible, causal, or cut by the window (an
-explicit mask from the global positions); fully masked blocks are skipped. Blocks above the diagonal are never
+step a run of rows per query chunk that sees a run of keys: fully visible, causal, or cut by the window (a band
+around the block's diagonal from the global positions, which the device's block kernel takes: a step whose cut is
+no band is split into one block per query chunk x key chunk); fully masked blocks are skipped. Blocks above the diagonal are never
 computed. Partial results merge with the online-softmax rule (attention_blocks.merge); attention sinks
 (megatron-core's ``softmax_offset``, one logit per head added to each row's softmax denominator) are one more
 merge at the end, a key of that logit and value 0, once per query row. The backward runs the ring again with the
@@ -79,16 +80,13 @@ def _wait(requests: list[Any]) -> None:
 @dataclass(frozen=True)
 class Piece:
     """One block a step computes: local query rows x rows of the travelling key/value block, with its mask
-    (``causal``: the square causal triangle; ``mask``: [rows, keys] bool on the CPU, True = masked, where a
-    sliding window cuts the block; neither: every key)."""
+    (``causal``: the square causal triangle; ``band``: (pre, next), where a sliding window cuts the block along
+    its diagonal, as attention_blocks takes it; neither: every key)."""
 
     rows: slice
     keys: slice
     causal: bool = False
-    mask: torch.Tensor | None = None
-
-    def device_mask(self, device: torch.device) -> torch.Tensor | None:
-        return None if self.mask is None else self.mask.to(device, non_blocking=True)
+    band: tuple[int, int] | None = None
 
 
 def _positions(rank: int, size: int, length: int) -> torch.Tensor:
@@ -108,7 +106,7 @@ def _span(flags: torch.Tensor) -> slice | None:
 
 def _piece(visible: torch.Tensor, first_row: int) -> Piece | None:
     """The one block covering what ``visible`` ([rows, keys], rows from ``first_row``) lets attend; None where
-    its visible rows or keys are not one contiguous run each."""
+    its visible rows or keys are not one contiguous run each, or what they see is no band."""
     rows, keys = _span(visible.any(dim=1)), _span(visible.any(dim=0))
     if rows is None or keys is None:
         return None
@@ -118,7 +116,18 @@ def _piece(visible: torch.Tensor, first_row: int) -> Piece | None:
         return Piece(rows, keys)
     if seen.shape[0] == seen.shape[1] and torch.equal(seen, torch.ones_like(seen).tril()):
         return Piece(rows, keys, causal=True)
-    return Piece(rows, keys, mask=~seen)
+    band = _band_of(seen)
+    return Piece(rows, keys, band=band) if band is not None else None
+
+
+def _band_of(seen: torch.Tensor) -> tuple[int, int] | None:
+    """(pre, next) with ``seen`` ([rows, keys], True = seen) exactly the keys ``i - pre <= j <= i + next``; None where
+    it is no such band. For rows at global positions qo + i and keys at ko + j, megatron-core's window
+    ``i - left <= j <= i + right`` gives pre = left - (qo - ko), next = right + (qo - ko): a band whenever the rows
+    and the keys are each one run of consecutive positions (one chunk's)."""
+    offset = torch.arange(seen.shape[1])[None, :] - torch.arange(seen.shape[0])[:, None]  # j - i
+    pre, nxt = -int(offset[seen].min()), int(offset[seen].max())
+    return (pre, nxt) if torch.equal(seen, (offset >= -pre) & (offset <= nxt)) else None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -140,15 +149,26 @@ def step_pieces(rank: int, size: int, step: int, length: int, window: tuple[int,
     if whole is not None:
         pieces: tuple[Piece, ...] = (whole,)
     else:
-        # a window can leave each query chunk a run of rows that sees the keys: one block per chunk
+        # a window cuts within chunks: one block per (query chunk, key chunk), each a band (its rows and its keys
+        # are runs of consecutive positions), the diagonal ones first (they hold every row of their chunk at step 0)
         half = length // 2
-        halves = (_piece(visible[:half], 0), _piece(visible[half:], half))
-        if any(p is None and bool(v.any()) for p, v in zip(halves, (visible[:half], visible[half:]), strict=True)):
-            raise ValueError(f"context-parallel attention cannot split the window {window} into blocks")
-        pieces = tuple(p for p in halves if p is not None)
-    if step == 0 and sum(p.rows.stop - p.rows.start for p in pieces) != length:
+        quadrants = [(q, kv) for q in (0, 1) for kv in (q, 1 - q)]
+        pieces = tuple(p for q, kv in quadrants if (p := _quadrant(visible, q, kv, half)) is not None)
+    if step == 0 and {row for p in pieces for row in range(p.rows.start, p.rows.stop)} != set(range(length)):
         raise ValueError(f"context-parallel attention needs every token to see itself; the window is {window}")
     return pieces
+
+
+def _quadrant(visible: torch.Tensor, rows_half: int, keys_half: int, half: int) -> Piece | None:
+    """The block of one query chunk x one key chunk (None where no query of it sees a key of it)."""
+    part = visible[rows_half * half : (rows_half + 1) * half, keys_half * half : (keys_half + 1) * half]
+    if not bool(part.any()):
+        return None
+    piece = _piece(part, rows_half * half)
+    if piece is None:  # consecutive positions under megatron-core's window always give a band
+        raise ValueError(f"context-parallel attention cannot cut {part.int().tolist()} into a band")
+    keys = slice(piece.keys.start + keys_half * half, piece.keys.stop + keys_half * half)
+    return Piece(piece.rows, keys, piece.causal, piece.band)
 
 
 class HeadSizes:
@@ -234,6 +254,7 @@ def ring_forward(
     length = query.shape[0]
     kv = sizes.pack(key, value)
     merged = Accumulator()
+    covered = [False] * length  # rows with a block merged (step 0 covers them all, its diagonal blocks first)
     for step in range(ring.size):
         pending = ring.shift(kv) if step + 1 < ring.size else None
         k, v = sizes.block(kv)
@@ -244,9 +265,10 @@ def ring_forward(
                 v[piece.keys],
                 softmax_scale=softmax_scale,
                 causal=piece.causal,
-                mask=piece.device_mask(query.device),
+                band=piece.band,
             )
-            merged.add(piece.rows, part, length, first=step == 0)
+            merged.add(piece.rows, part, length, first=not covered[piece.rows.start])
+            covered[piece.rows] = [True] * (piece.rows.stop - piece.rows.start)
         if pending is not None:
             _wait(pending[1])
             kv = pending[0]
@@ -272,7 +294,7 @@ def _block_grads(
         row_sum[:, :, rows],
         softmax_scale=softmax_scale,
         causal=piece.causal,
-        mask=piece.device_mask(query.device),
+        band=piece.band,
     )
 
 

@@ -173,7 +173,7 @@ def test_fused_kernels_keep_the_neutral_signatures_of_accelerator_fused_kernel()
         "rotary": ["t", "cos", "sin"],
         "flash_attention": ["query", "key", "value", "softmax_scale", "dropout_p", "attention_mask", "window"],
         "grouped_matmul": ["x", "weights", "tokens_per_expert"],
-        "attention_block": ["query", "key", "value", "softmax_scale", "causal"],
+        "attention_block": ["query", "key", "value", "softmax_scale", "causal", "band"],
         "attention_block_grad": [
             "query",
             "key",
@@ -184,6 +184,7 @@ def test_fused_kernels_keep_the_neutral_signatures_of_accelerator_fused_kernel()
             "softmax_sum",
             "softmax_scale",
             "causal",
+            "band",
         ],
         "attention_merge": ["out", "softmax_max", "softmax_sum", "block_out", "block_max", "block_sum"],
     }
@@ -289,7 +290,8 @@ def test_context_parallel_blocks_take_the_softmax_statistics_the_wheel_returns(w
     )
     calls = fused_op_calls()
     assert calls["npu_ring_attention_update"] == [(6, {"input_layout"})]
-    cp_keywords = {"atten_mask", "scale", "keep_prob", "next_tockens"}
+    # the block's mask: causal, none, or a window's band (sparse_mode 4 with pre / next tockens)
+    cp_keywords = {"atten_mask", "scale", "keep_prob", "pre_tockens", "next_tockens", "sparse_mode"}
     assert (5, cp_keywords) in calls["npu_fusion_attention"]
     grad_keywords = {
         "atten_mask",
@@ -298,6 +300,8 @@ def test_context_parallel_blocks_take_the_softmax_statistics_the_wheel_returns(w
         "attention_in",
         "scale_value",
         "keep_prob",
+        "pre_tockens",
         "next_tockens",
+        "sparse_mode",
     }
     assert calls["npu_fusion_attention_grad"] == [(6, grad_keywords)]

@@ -10,8 +10,9 @@ the host: docs/npu-emulation.md). Each layout runs once on each target, all four
   attention on layer 2 (stage 1): npu_fusion_attention in band mode (sparse_mode 4) and with document masks
   (sparse_mode 0), RoPE / RMSNorm / SwiGLU kernels, MoE with EP2 and --moe-grouped-gemm (npu_grouped_matmul
   forward and backward);
-- CP2 with --cp-comm-type p2p a2a (ring attention on layer 1, Ulysses on layer 2): the attention blocks on
-  npu_fusion_attention / npu_fusion_attention_grad and their merge on npu_ring_attention_update, EP2 grouped GEMM.
+- CP2 with --cp-comm-type p2p a2a (ring attention on layer 1 with the sliding window, Ulysses on layer 2): the
+  attention blocks on npu_fusion_attention / npu_fusion_attention_grad (the blocks the window cuts in band mode,
+  sparse_mode 4) and their merge on npu_ring_attention_update, EP2 grouped GEMM.
 
 Each emulated rank writes the operators it called (by kind), so the test also shows which branches ran. Reverting
 ops/attention.py's document-mask fix (the fused path dropping ``attention_mask``) fails the loss comparison.
@@ -49,7 +50,10 @@ LAYOUTS = {
         "--expert-tensor-parallel-size 1 --use-flash-attn --reset-attention-mask --reset-position-ids "
         "--eod-mask-loss --window-size 16,0 --window-attn-skip-freq 2".split(),
     ),
-    "cp2_p2p_a2a": (2, "--context-parallel-size 2 --cp-comm-type p2p a2a".split()),
+    "cp2_p2p_a2a": (
+        2,
+        "--context-parallel-size 2 --cp-comm-type p2p a2a --window-size 16,0 --window-attn-skip-freq 2".split(),
+    ),
 }
 
 
@@ -122,9 +126,11 @@ def test_the_npu_branches_ran_on_the_reference_operators(runs):
         assert calls["npu_grouped_matmul group_type=2 group_list_type=1"] > 0  # the weight gradients
         assert {"npu_rms_norm", "npu_rotary_mul", "npu_swiglu"} <= calls.keys()
     for calls in cp.values():
-        # ring (layer 1): the diagonal block causal, the others unmasked, merged; Ulysses (layer 2): one causal block
+        # ring (layer 1, the sliding window): the diagonal blocks causal, the blocks the window cuts as its band
+        # (sparse_mode 4), merged; Ulysses (layer 2, full attention): one causal block
         assert calls["npu_fusion_attention sparse_mode=0 mask=causal"] > 0
-        assert calls["npu_fusion_attention sparse_mode=0 mask=none"] > 0
+        assert calls["npu_fusion_attention sparse_mode=4 mask=compressed"] > 0
         assert calls["npu_fusion_attention_grad sparse_mode=0 mask=causal"] > 0
+        assert calls["npu_fusion_attention_grad sparse_mode=4 mask=compressed"] > 0
         assert calls["npu_ring_attention_update"] > 0
     assert not (runs["cp2_p2p_a2a", "cpu"] / "calls").exists()  # the cpu target never imported torch_npu

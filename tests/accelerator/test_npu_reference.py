@@ -382,3 +382,39 @@ def test_the_context_parallel_blocks_over_the_references_equal_their_torch_twins
     second = npu_over_reference.fused_kernel("attention_block")(q, k[3:], v[3:], softmax_scale=0.3, causal=False)
     whole = blocks.block_forward_twin(q, k, v, softmax_scale=0.3, causal=False)
     torch.testing.assert_close(merge(*first, *second)[0], whole[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("rows", "keys", "shift", "left", "right"), [(6, 6, 0, 2, 0), (4, 6, 3, 4, 0), (6, 4, -1, 2, 1)]
+)
+def test_a_window_cut_block_runs_sparse_mode_4_over_the_reference_as_the_twins_band(
+    npu_over_reference, rows, keys, shift, left, right
+):
+    """A ring block the window cuts, queries at global qo + i and keys at ko + j (shift = qo - ko), as
+    cp_ring crops it (every row keeps a key): the block kernel's sparse_mode 4 call (CANN's band, whose pre / next
+    count from the bottom-right corner) equals the twin's band mask and megatron-core's window
+    ko + j in [qo + i - left, qo + i + right], forward and backward, on non-square blocks too."""
+    from megatron_npu.accelerator import npu
+    from megatron_npu.ops import attention_blocks as blocks
+
+    band = (left - shift, right + shift)  # relative to the block's top-left diagonal
+    offset = torch.arange(keys)[None, :] - torch.arange(rows)[:, None] - shift  # global key - query position
+    window_mask = (offset < -left) | (offset > right)
+    assert torch.equal(blocks.band_mask(rows, keys, band), window_mask)
+    assert not window_mask.all(dim=1).any()  # the ring's crop: no fully masked row
+    mask, sparse_mode, pre, nxt = npu._block_sparsity(rows, keys, torch.device("cpu"), False, band)
+    assert (sparse_mode, tuple(mask.shape)) == (4, (2048, 2048))
+    assert torch.equal(~ref._kept(rows, keys, mask, sparse_mode, pre, nxt, torch.device("cpu")), window_mask)
+    b, n, g, d = 2, 4, 2, 8
+    q, k, v = _randn(rows, b, n, d, seed=80), _randn(keys, b, g, d, seed=81), _randn(keys, b, g, d, seed=82)
+    got = npu_over_reference.fused_kernel("attention_block")(q, k, v, softmax_scale=0.3, causal=False, band=band)
+    twin = blocks.block_forward_twin(q, k, v, softmax_scale=0.3, causal=False, band=band)
+    torch.testing.assert_close(got[0], twin[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[1][..., :1], twin[1])
+    torch.testing.assert_close(got[2][..., :1], twin[2], rtol=1e-5, atol=1e-6)
+    dout = _randn(rows, b, n, d, seed=83)
+    grads = npu_over_reference.fused_kernel("attention_block_grad")(
+        q, k, v, dout, *got, softmax_scale=0.3, causal=False, band=band
+    )
+    twin_grads = blocks.block_backward_twin(q, k, v, dout, *twin, softmax_scale=0.3, causal=False, band=band)
+    torch.testing.assert_close(grads, twin_grads, rtol=1e-4, atol=1e-5)

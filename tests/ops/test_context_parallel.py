@@ -49,7 +49,7 @@ def test_two_ranks_ring_and_ulysses_with_ascend_shaped_statistics():
         "p2p,a2a:1:2:4:2": "a2a",
         "p2p:1:2:4:4:mla": "p2p",
         "a2a:1:2:4:4:mla": "a2a",
-        # gpt-oss: a window layer (blocks cut by the window run the twin, the others the kernels) and a full one
+        # gpt-oss: a window layer (blocks cut by the window run the kernels as their band) and a full one
         "p2p:1:2:4:2:win:sinks": "p2p",
         "p2p:1:2:4:2:full:sinks": "p2p",
         "a2a:1:2:4:2:win:sinks": "a2a",
@@ -57,7 +57,9 @@ def test_two_ranks_ring_and_ulysses_with_ascend_shaped_statistics():
     }
     job = torchrun(WORKER, "--wide-stats", *cases, "refuse=a2a:2:4:1", "refuse=all_gather:2:4:4", nproc=2)
     first = _check_cases(job, cases)
-    assert set(first["kernel_calls"]) == {"attention_block", "attention_block_grad", "attention_merge"}
+    # the window layer's cut blocks reach the kernels as their band (sparse_mode 4 on Ascend), forward and backward
+    kernels = {"attention_block", "attention_block_grad", "attention_merge"}
+    assert set(first["kernel_calls"]) == kernels | {"attention_block band", "attention_block_grad band"}
     heads, unknown = first["refused"]
     assert "query groups (1) per tensor-parallel rank divisible by 2" in heads and "--cp-comm-type p2p" in heads
     assert unknown.startswith("--cp-comm-type all_gather is not available without Transformer Engine")
@@ -112,12 +114,13 @@ def _global_visible(length: int, window: tuple[int, int] | None) -> torch.Tensor
     return visible & (offset >= -window[0]) if window is not None else visible
 
 
-@pytest.mark.parametrize("window", [None, (4, 0), (9, 0), (2, 1)])
+@pytest.mark.parametrize("window", [None, (4, 0), (9, 0), (2, 1), (1, 0)])
 @pytest.mark.parametrize("size", [2, 4])
 def test_ring_steps_attend_exactly_the_global_mask_and_skip_masked_blocks(size, window):
     """Over the ring's steps, each rank's pieces cover exactly the (query, key) pairs megatron-core's causal or
     sliding-window mask lets attend (global positions of the load-balanced chunks), once each; no piece is
-    computed where all is masked; without a window the steps are the three causal kinds."""
+    computed where all is masked; a window's cut is a band; without a window the steps are the three causal
+    kinds."""
     chunk = 3
     length = 2 * chunk
     whole = _global_visible(2 * size * chunk, window)
@@ -132,8 +135,9 @@ def test_ring_steps_attend_exactly_the_global_mask_and_skip_masked_blocks(size, 
                 )
                 if piece.causal:
                     seen = seen.tril()
-                if piece.mask is not None:
-                    seen = ~piece.mask
+                # a cut is a band around the block's diagonal, which the device's block kernel takes
+                if piece.band is not None:
+                    seen = ~attention_blocks.band_mask(*seen.shape, piece.band)
                 assert seen.any(dim=1).all(), (rank, step, piece)  # every computed row sees a key
                 q, k = queries[piece.rows], keys[piece.keys]
                 covered[q[:, None], k[None, :]] += seen.long()
@@ -142,7 +146,7 @@ def test_ring_steps_attend_exactly_the_global_mask_and_skip_masked_blocks(size, 
                     expected = {0: (slice(0, 6), slice(0, 6), True)}.get(
                         step, (slice(0, 6), slice(0, 3), False) if src < rank else (slice(3, 6), slice(0, 6), False)
                     )
-                    assert (piece.rows, piece.keys, piece.causal, piece.mask) == (*expected, None)
+                    assert (piece.rows, piece.keys, piece.causal, piece.band) == (*expected, None)
         assert torch.equal(covered[queries], whole[queries].long()), (rank, window)
 
 
