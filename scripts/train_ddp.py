@@ -90,6 +90,11 @@ def main() -> None:
     checksum = sum(p.detach().double().sum().item() for p in model.parameters())
     result = {"rank": dist.get_rank(), "losses": losses, "checksum": checksum, "backend": dist.get_backend()}
     os.write(1, f"RESULT {json.dumps(result)}\n".encode())  # one write: ranks share stdout
+    # the DDP wrapper's reducer holds the group: released first, so that destroying the group joins gloo's
+    # threads here rather than at interpreter exit (a rank once aborted there: "terminate called without an
+    # active exception"); the barrier keeps a rank from closing its sockets while the other still uses them
+    del ddp_model
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -125,6 +125,7 @@ def main() -> None:
         "backend": dist.get_backend(),
     }
     os.write(1, f"RESULT {json.dumps(result)}\n".encode())  # one write: ranks share stdout
+    dist.barrier()  # no rank closes its sockets while another still uses them (as train_ddp.py)
     dist.destroy_process_group()
 
 
