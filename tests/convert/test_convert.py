@@ -401,31 +401,43 @@ PRETRAIN_LAYOUTS = {
     "gpt_oss": [],  # TP2 x PP2 x EP2 with SP at expert TP 1 (its expert biases), as converted
     # the dense families at TP1 on one process (converted for TP2 x PP2: the same vocabulary padding)
     **{family: [*TP1, "--global-batch-size", "2"] for family in ("llama", "qwen2", "mistral", "gpt2")},
+    # the new families' conversions at TP1 x EP1 on one process as well (family@tp1)
+    **{
+        f"{family}@tp1": [*TP1, "--expert-model-parallel-size", "1", "--global-batch-size", "2", *flags]
+        for family, flags in (
+            ("qwen3", []),
+            ("qwen3_moe", []),
+            ("mixtral", ["--moe-token-dispatcher-type", "alltoall"]),
+            ("deepseek_v3-mtp", ["--moe-router-bias-update-rate", "0"]),
+            ("gpt_oss", []),
+        )
+    },
 }
 
 
 @pytest.mark.launch
-@pytest.mark.parametrize("family", list(PRETRAIN_LAYOUTS))
+@pytest.mark.parametrize("case_name", list(PRETRAIN_LAYOUTS))
 def test_pretrain_first_loss_equals_transformers_and_a_save_exports_the_same_bits(
-    models: dict, family: str, tmp_path: Path
+    models: dict, case_name: str, tmp_path: Path
 ) -> None:
     """One pretrain_gpt.py job per family (Qwen3 TP2 x PP2; the MoE families TP2 x EP2 with SP, their
     experts as --moe-grouped-gemm, Mixtral's over the alltoall dispatcher; DeepSeek-V3 likewise; gpt-oss
-    TP2 x PP2 x EP2 with SP, its biased experts at expert TP 1, and its published YaRN; LLaMA, Qwen2, Mistral
-    and GPT-2 at TP1 on one rank): its first loss is transformers' on the same tokens; 2 steps at lr 0, saved,
+    TP2 x PP2 x EP2 with SP, its biased experts at expert TP 1, and its published YaRN; every family also at
+    TP1 x EP1 on one rank): its first loss is transformers' on the same tokens; 2 steps at lr 0, saved,
     exported: every HF tensor, bit for bit."""
+    family, layout = case_name.split("@")[0], PRETRAIN_LAYOUTS[case_name]
     case = models["cases"][family]
     _identical_documents(tmp_path / "docs", DOCUMENT, 64)
     flags = [
         *printed_command(models["roundtrip"][family]["printed"]),
-        *PRETRAIN_LAYOUTS[family],
+        *layout,
         *["--data-path", str(tmp_path / "docs"), "--split", "100,0,0", "--eval-iters", "0"],
         *["--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB - 1)],
         *["--attention-dropout", "0", "--hidden-dropout", "0", "--seq-length", str(SEQ)],
         *["--lr", "0", "--min-lr", "0", "--lr-warmup-iters", "0", "--train-iters", "2"],
         *["--save", str(tmp_path / "saved"), "--save-interval", "2"],
     ]
-    pretrain(tmp_path, *flags, nproc=1 if PRETRAIN_LAYOUTS[family][:2] == TP1[:2] else 4, mock_data=False).check()
+    pretrain(tmp_path, *flags, nproc=1 if layout[:2] == TP1[:2] else 4, mock_data=False).check()
     losses = train_losses(tmp_path)
     assert losses[1] == pytest.approx(models["sample_loss"][family], rel=1e-5)
     assert losses[2] == pytest.approx(losses[1], rel=1e-6)  # lr 0: the weights did not move
