@@ -3,7 +3,8 @@
 The recipes are Megatron-LM's own (examples/post_training/modelopt/conf/<org>/<model>.sh, MODEL_ARGS, unmodified
 in ../shared/megatron-lm/): each family's every architecture flag is kept and only the sizes shrink (a few layers,
 hidden 64, 8 experts, sequence 64); what names the Hugging Face hub (tokenizer, vocabulary padding) or needs
-ModelOpt (``--export-*``, ``--enable-gpt-oss``: ModelOpt's parser adds them) is left out. Each family trains
+ModelOpt (``--export-*``: ModelOpt's parser adds them; ``--enable-gpt-oss``: parsed, acting only in ModelOpt's
+builder) is left out. Each family trains
 3 iterations through ``torchrun -m megatron_npu.run pretrain_gpt.py --transformer-impl local``:
 - DeepSeek-V2-Lite: multi-latent attention with YaRN, ``--moe-grouped-gemm`` (megatron-core's legacy GroupedMLP on
   the project's grouped GEMM), shared experts, a dense first layer, sequence-level aux loss;
