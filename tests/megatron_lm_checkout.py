@@ -5,15 +5,23 @@ unpacked, put on PYTHONPATH beside the installed megatron-core wheel, its script
 from __future__ import annotations
 
 import os
+import re
 import tarfile
 from pathlib import Path
 
+import pytest
 from distributed import ROOT, Job, base_env, torchrun
 
 TARBALL_ENVVAR = "MEGATRON_LM_TARBALL"
 TAG = "core_v0.16.1"  # the release this project tracks
 TARBALL_NAME = f"megatron-lm-{TAG}-training.tar.gz"
 TARBALL = Path(os.environ.get(TARBALL_ENVVAR) or ROOT.parent / "shared" / "megatron-lm" / TARBALL_NAME)
+#: a test that runs the extract: skipped, saying where it was looked for, where it is absent
+NEEDS_EXTRACT = pytest.mark.skipif(
+    not TARBALL.is_file(), reason=f"Megatron-LM extract not found at {TARBALL} (set {TARBALL_ENVVAR} to its .tar.gz)"
+)
+#: an iteration line of Megatron-LM's training_log (and this trainer's): (iteration, lm loss)
+LOSS_LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.Ee+-]+)")
 
 
 def unpack(tarball: Path, root: Path) -> Path:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 from distributed import ROOT, base_env, run, running
-from megatron_lm_checkout import TARBALL, TARBALL_ENVVAR, env_for
+from megatron_lm_checkout import NEEDS_EXTRACT, env_for
 from packaging.version import Version
 from test_data_tokenizers import gpt2_files, hf_dir  # noqa: F401  (fixtures: tiny local tokenizer files)
 
@@ -49,10 +49,7 @@ from megatron_npu.data import DEMO_CORPUS, DEMO_TOKENIZER_MODEL
 
 pytestmark = [
     pytest.mark.launch,
-    pytest.mark.skipif(
-        not TARBALL.is_file(),
-        reason=f"Megatron-LM extract not found at {TARBALL} (set {TARBALL_ENVVAR} to its .tar.gz)",
-    ),
+    NEEDS_EXTRACT,
 ]
 
 # Megatron-LM's tool once per argv list, in one process; its failures happen in child

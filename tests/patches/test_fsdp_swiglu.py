@@ -6,12 +6,10 @@ this trainer resumes that on one rank and saves at 3; Megatron-LM resumes this t
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 from distributed import ROOT, Job, base_env, torchrun
-from megatron_lm_checkout import TARBALL, TARBALL_ENVVAR, upstream
+from megatron_lm_checkout import LOSS_LINE, NEEDS_EXTRACT, upstream
 from pretrain_runs import MOCK_DATA, NO_DROPOUT, checkpoint_at
 from pretrain_runs import MODEL as PROJECT_MODEL
 
@@ -23,11 +21,10 @@ MEGATRON_FSDP = [
     *("--use-megatron-fsdp", "--use-distributed-optimizer", "--untie-embeddings-and-output-weights"),
     *("--data-parallel-sharding-strategy", "optim_grads_params", "--ckpt-format", "fsdp_dtensor"),
 ]
-LOSS = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.Ee+-]+)")
 
 
 def losses(job: Job) -> dict[int, float]:
-    found = {int(m[1]): float(m[2]) for m in map(LOSS.search, job.stdout.splitlines()) if m}
+    found = {int(m[1]): float(m[2]) for m in map(LOSS_LINE.search, job.stdout.splitlines()) if m}
     assert found, f"no iteration lines\n{job.stdout[-3000:]}\n{job.stderr[-3000:]}"
     return found
 
@@ -48,9 +45,7 @@ def test_parameters_are_found_by_either_name():
     assert model.config is inner.config
 
 
-UPSTREAM = pytest.mark.skipif(
-    not TARBALL.is_file(), reason=f"Megatron-LM extract not found at {TARBALL} ({TARBALL_ENVVAR})"
-)
+UPSTREAM = NEEDS_EXTRACT
 
 
 @pytest.fixture(scope="module")

@@ -17,16 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 from distributed import ROOT, Job, base_env, run, torchrun
-from megatron_lm_checkout import TARBALL, TARBALL_ENVVAR, upstream
+from megatron_lm_checkout import NEEDS_EXTRACT, upstream
 from pretrain_runs import MOCK_DATA, NO_DROPOUT, checkpoint_at
 from pretrain_runs import MODEL as PROJECT_MODEL
 
 pytestmark = [
     pytest.mark.launch,
-    pytest.mark.skipif(
-        not TARBALL.is_file(),
-        reason=f"Megatron-LM extract not found at {TARBALL} (set {TARBALL_ENVVAR} to its .tar.gz)",
-    ),
+    NEEDS_EXTRACT,
 ]
 
 MODEL = [*PROJECT_MODEL, "--eval-interval", "1000", *NO_DROPOUT, *MOCK_DATA, "--train-iters", "6"]

@@ -8,20 +8,17 @@ equals CP1's (rel 1e-5). Dropout is off (the CP attention has none).
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from megatron_lm_checkout import TARBALL, TARBALL_ENVVAR, upstream
+from megatron_lm_checkout import LOSS_LINE, NEEDS_EXTRACT, upstream
 from pretrain_runs import MOCK_DATA, NO_DROPOUT
 from pretrain_runs import MODEL as PROJECT_MODEL
 
 pytestmark = [
     pytest.mark.launch,
-    pytest.mark.skipif(not TARBALL.is_file(), reason=f"Megatron-LM extract not found ({TARBALL_ENVVAR})"),
+    NEEDS_EXTRACT,
 ]
 
 MODEL = [*PROJECT_MODEL, "--eval-interval", "1000", *NO_DROPOUT, *MOCK_DATA, "--train-iters", "4"]
-LOSS_LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.Ee+-]+)")
 
 
 def losses(stdout: str) -> dict[int, float]:

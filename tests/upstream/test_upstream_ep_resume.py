@@ -17,15 +17,12 @@ from pathlib import Path
 
 import pytest
 from distributed import Job
-from megatron_lm_checkout import TARBALL, TARBALL_ENVVAR, upstream
+from megatron_lm_checkout import NEEDS_EXTRACT, upstream
 from pretrain_runs import MOCK_DATA, NO_DROPOUT
 
 pytestmark = [
     pytest.mark.launch,
-    pytest.mark.skipif(
-        not TARBALL.is_file(),
-        reason=f"Megatron-LM extract not found at {TARBALL} (set {TARBALL_ENVVAR} to its .tar.gz)",
-    ),
+    NEEDS_EXTRACT,
 ]
 
 # A tiny MoE GPT: 2 layers of 4 experts (top 2), dropless all-to-all dispatch, no biases (megatron-core

@@ -9,21 +9,17 @@ ranks. Embeddings are untied in all three (FSDP2 requires it), so the three trai
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 from distributed import Job
-from megatron_lm_checkout import TARBALL, TARBALL_ENVVAR, upstream
+from megatron_lm_checkout import LOSS_LINE, NEEDS_EXTRACT, upstream
 from pretrain_runs import MOCK_DATA, NO_DROPOUT
 from pretrain_runs import MODEL as PROJECT_MODEL
 
 pytestmark = [
     pytest.mark.launch,
-    pytest.mark.skipif(
-        not TARBALL.is_file(),
-        reason=f"Megatron-LM extract not found at {TARBALL} (set {TARBALL_ENVVAR} to its .tar.gz)",
-    ),
+    NEEDS_EXTRACT,
 ]
 
 MODEL = [
@@ -39,7 +35,6 @@ MEGATRON_FSDP = [
     *("--ckpt-format", "fsdp_dtensor"),
 ]
 TORCH_FSDP2 = ["--use-torch-fsdp2"]
-LOSS_LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.Ee+-]+)")
 RUNS: dict[str, Job] = {}
 
 

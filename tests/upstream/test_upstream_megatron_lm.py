@@ -20,16 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 from distributed import ROOT, Job, base_env, run, torchrun
-from megatron_lm_checkout import TARBALL, TARBALL_ENVVAR, env_for, upstream
+from megatron_lm_checkout import LOSS_LINE, NEEDS_EXTRACT, env_for, upstream
 from pretrain_runs import MOCK_DATA, NO_DROPOUT
 from pretrain_runs import MODEL as PROJECT_MODEL
 
 pytestmark = [
     pytest.mark.launch,
-    pytest.mark.skipif(
-        not TARBALL.is_file(),
-        reason=f"Megatron-LM extract not found at {TARBALL} (set {TARBALL_ENVVAR} to its .tar.gz)",
-    ),
+    NEEDS_EXTRACT,
 ]
 
 # tests/pretrain_runs.py's tiny GPT (4 layers: one per virtual stage under PP2 x VPP2; 8 samples per
@@ -46,7 +43,6 @@ MODEL = [
     "--use-distributed-optimizer",
 ]
 SAVE_AT = 3
-LOSS_LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.Ee+-]+)")
 RESUMED = (4, 5, 6)
 GRAD_NORM = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?grad norm: ([0-9.]+)")
 UPSTREAM_NORMS: dict[str, dict[int, str]] = {}  # printed grad norms per run, filled by the fixtures
