@@ -30,4 +30,5 @@ from . import (  # noqa: F401  (importing registers the patches)
     torch_cuda,
     transformer,
     triton_imports,
+    vision,
 )
