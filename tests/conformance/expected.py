@@ -228,7 +228,12 @@ EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
     _te(
         f"{_TR}/test_transformer_block_custom_pgs.py::*::test_fwd_bwd_pass_non_uniform_transformer_block*",
         _TE_MOCK,
-        _TE_MOCK_ATTRIBUTE,
+        # the placeholder's attribute, or (with PP > 1, after other tests drew on the shared placeholder) its
+        # side_effect exhausted when called as core_attention
+        (
+            "AttributeError|StopIteration",
+            r"^Mock object has no attribute '(weight|module)'|^\s*when instantiating Self",
+        ),
     ),
     _te(f"{_TR}/test_transformer_block_custom_pgs.py::*::test_fwd_bwd_pass_mix_and_match*", _TE_SPEC, _NO_TE_SPEC),
     _te(f"{_TR}/test_transformer_block_custom_pgs.py::*::test_mlp_with_custom_pgs*", _TE_MOCK, _TE_MOCK_ATTRIBUTE),
@@ -238,6 +243,13 @@ EXPECTED_FAILURES: tuple[ExpectedFailure, ...] = (
     # first, on DEVICE_CAPABILITY < 8: counted as skips).
     _te(f"{_TR}/moe/test_grouped_mlp.py::TestParallelGroupedMLP::*", _TE_SPEC, _NO_TE_SPEC),
     _te(f"{_TR}/moe/test_moe_layer_discrepancy.py::TestMoELayerDispatcherDiscrepancy::*", _TE_SPEC, _NO_TE_SPEC),
+    _cuda(
+        f"{_TR}/moe/test_multihot_indices_converter.py::TestIndicesToMultihot::*",
+        "fused_indices_to_multihot (the DeepEP flex dispatcher's, experimental) is a triton kernel: without triton "
+        "megatron-core's null decorators stand for @triton.jit / autotune and the launch kernel[grid](...) cannot index "
+        "what they return",
+        ("TypeError", r"^'_GeneratorContextManager' object is not subscriptable$"),
+    ),
     _te(f"{_DC_OPT}::TestDistributedOptimizer::test_optimizer_common_state_dict*", _TE_SPEC, _NO_TE_SPEC_OR_NORM),
     _te(
         f"{_DC}/test_pipeline_parallel_layout.py::test_save_and_load_checkpoint_*",
