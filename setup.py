@@ -35,9 +35,10 @@ setup(
         "npu": ["torch_npu"],
         "wandb": ["wandb"],
         "convert": ["safetensors", "transformers"],  # megatron-npu convert (Hugging Face checkpoints)
-        # megatron-core's own unit tests (tests/conformance): Megatron-LM's megatron.rl imports them; the git-only
-        # emerging_optimizers is named by tests/conformance/environment.py
-        "conformance": ["fastapi", "uvicorn"],
+        # megatron-core's own unit tests (tests/conformance): the packages its suite imports that this project does
+        # not need (tests/conformance/environment.py says which test needs each; the git-only emerging_optimizers
+        # is named there). pytest-asyncio is a pytest plugin: install this extra in a venv of its own.
+        "conformance": ["fastapi", "uvicorn", "mock", "msgpack", "pytest-asyncio", "pyzmq", "flask-restful"],
         "test": [
             "pytest>=7",
             "pytest-mock",

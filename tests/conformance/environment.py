@@ -15,13 +15,17 @@ TEST_PACKAGES = {
     "emerging_optimizers": "pip install --no-deps git+https://github.com/NVIDIA-NeMo/Emerging-Optimizers.git@v0.1.0",
     # Megatron-LM's megatron.rl server, imported by megatron.rl.rl_utils (models/test_gpt_model_batch_invariant.py)
     # test_utils.py (top level) imports the mock backport (Megatron-LM's dev dependencies)
-    "mock": "pip install mock",
+    "mock": EXTRA,
     # megatron.core.inference's data-parallel coordinator (inference/test_data_parallel_inference_coordinator.py
     # imports it at module level; megatron-core names the same command when it is missing)
-    "msgpack": "pip install msgpack",
+    "msgpack": EXTRA,
     # pytest's asyncio plugin (Megatron-LM's dev dependencies): inference/engines/test_static_engine.py::test_streaming
-    # is an async test. Not installed here: a pytest plugin loads in every engineer's pytest session.
-    "pytest_asyncio": "pip install pytest-asyncio",
+    # is an async test. A plugin loads in every pytest session of its environment: install the extra in a venv.
+    "pytest_asyncio": EXTRA,
+    # the inference coordinator's transport (inference/test_data_parallel_inference_coordinator.py skips without it)
+    "zmq": EXTRA,
+    # Megatron-LM's text-generation server (top-level test_inference.py is skipped at import without it)
+    "flask_restful": EXTRA,
     "fastapi": EXTRA,
     "uvicorn": EXTRA,
 }
