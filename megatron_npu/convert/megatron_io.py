@@ -32,6 +32,7 @@ from megatron_npu.layout.model_shape import ModelShape
 from megatron_npu.layout.parallel_dims import ParallelDims
 from megatron_npu.spec import gpt_model
 from megatron_npu.training.arguments import parse_args
+from megatron_npu.training.checkpoint_format import CheckpointedRun
 from megatron_npu.training.checkpointing import checkpoint_dir, save_checkpoint
 from megatron_npu.training.initialize import initialize_distributed
 from megatron_npu.training.run_state import RunState
@@ -251,8 +252,13 @@ def hf_to_megatron(spec: ModelSpec, reader: HFReader, out_dir: str, progress: Pr
         else:
             args = trainer_args(spec)  # the checkpoint's Megatron-LM ``args`` record
             args.save, args.no_save_optim, args.no_save_rng = out_dir, True, True
+            checkpoint = args.checkpoint.replace(save=out_dir, no_save_optim=True, no_save_rng=True)
+            run = CheckpointedRun.from_sections(
+                args.model, args.distributed, args.init, args.fsdp, padded_vocab_size=args.padded_vocab_size
+            )
+            record = args.values()  # the checkpoint's Megatron-LM ``args``
             directory = save_checkpoint(
-                RunState(), [_Piece(filled)], None, None, args, in_save=_merge(staging, out_dir)
+                RunState(), [_Piece(filled)], None, None, checkpoint, run, record, in_save=_merge(staging, out_dir)
             )
         progress(f"  {piece}: {done}/{len(by_name)} tensors ({time.monotonic() - start:.0f} s)")
     return directory

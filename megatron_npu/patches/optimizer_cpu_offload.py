@@ -17,11 +17,21 @@ parameter is a device one) and ``_move_new_state_to_right_device`` (a state goes
 the host sub-optimizers' to the host, the device one's to the accelerator's device). The split itself is
 megatron-core's: the same threshold, order, pinned copies and fp32 master copies. 0.12-0.19 share both methods
 (the module appeared in 0.12); on CUDA nothing here applies.
+
+RL's optimizer offload (megatron/rl/rl_utils.py frees the optimizer's memory for the inference phase):
+``MegatronOptimizer.offload_to_cpu`` moves the parameters and state tensors that are ``.is_cuda`` to the host. No npu
+tensor is ``is_cuda``: the offload moved nothing and freed nothing, silently (the inference phase ran with the
+optimizer's whole memory held). Replaced: ``offload_to_cpu`` (``ChainedOptimizer``'s calls each optimizer's), with
+megatron-core's loops asking the accelerator (``is_device_tensor``) and its cache released through the accelerator.
+Its twin ``restore_from_cpu`` is right as it is: it calls ``.cuda()`` on every tensor that is not ``is_cuda``, which
+``patches/device_arguments.py`` sends to the accelerator's device (a device tensor's is itself). Both appear in 0.15
+and are the same to 0.19 (read in the 0.15.3, 0.17.1, 0.18.2 and 0.19.2 wheels; 0.12-0.14 have none).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +44,9 @@ from megatron_npu.registry import register
 SUBSYSTEM = "optimizer"
 RELEASES = ">=0.12.0,<0.20"
 _HYBRID = "megatron.core.optimizer.cpu_offloading.hybrid_optimizer:HybridDeviceOptimizer"
+_OPTIMIZER = "megatron.core.optimizer.optimizer:MegatronOptimizer"
+OFFLOAD_RELEASES = ">=0.15.0,<0.20"  # MegatronOptimizer.offload_to_cpu: new in 0.15 (RL), the same to 0.19
+HOST = torch.device("cpu")
 
 
 def offloaded_params(
@@ -145,3 +158,49 @@ def place_states(hybrid: Any, accelerator: Accelerator) -> None:
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
                     hybrid.state[orig_param][key] = state[key] = value.to(target)
+
+
+def move_optimizer_tensors(
+    optimizer: torch.optim.Optimizer, select: Callable[[torch.Tensor], bool], target: torch.device
+) -> None:
+    """megatron-core's two loops: each parameter (its ``.data``, so every reference to it stays valid) and each state
+    tensor that ``select`` picks, moved to ``target``."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if isinstance(param, torch.Tensor) and select(param):
+                param.data = param.data.to(target)
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and select(value):
+                state[key] = value.to(target)
+
+
+def _holds_optimizer(wrapper: Any) -> bool:
+    """megatron-core's guard: a wrapper with a torch optimizer of its own that is not a stub (a rank with no
+    parameters in that group)."""
+    return getattr(wrapper, "optimizer", None) is not None and not getattr(wrapper, "is_stub_optimizer", False)
+
+
+def _log(message: str) -> None:
+    from megatron.core.utils import log_single_rank
+
+    log_single_rank(logging.getLogger("megatron.core.optimizer.optimizer"), logging.INFO, message)
+
+
+@register(
+    "optimizer.MegatronOptimizer.offload_to_cpu",
+    f"{_OPTIMIZER}.offload_to_cpu",
+    reason="RL's offload moves the optimizer's .is_cuda tensors to the host; no npu tensor is is_cuda, so it moved "
+    "nothing and freed nothing; the accelerator says which tensors are in device memory",
+    subsystem=SUBSYSTEM,
+    megatron_versions=OFFLOAD_RELEASES,
+)
+def _offload_to_cpu(original: Callable, accelerator: Accelerator) -> Callable:
+    @functools.wraps(original)
+    def offload_to_cpu(self: Any) -> None:
+        if _holds_optimizer(self):
+            _log("[OFFLOAD] moving optimizer state to CPU")
+            move_optimizer_tensors(self.optimizer, accelerator.is_device_tensor, HOST)
+            accelerator.empty_cache()
+
+    return offload_to_cpu

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from megatron_npu.training.run_state import RunState
+from megatron_npu.training.sections import DistributedSection, FsdpSection, InitSection, ModelSection
 
 CHECKPOINT_VERSION = 3.0  # Megatron-LM's generate_state_dict; < 2.0 makes its loader reorder QKV
 # Megatron-LM's per-rank RNG keys, by the names this trainer saved them under before it wrote Megatron-LM's.
@@ -85,18 +87,14 @@ def _portable(value: Any) -> bool:
     return False
 
 
-def _settings_values(settings: Any) -> dict[str, Any]:
-    """Every flag and derived value by Megatron-LM's name (``Settings.values()``; a plain namespace's vars)."""
-    values = settings.values() if callable(getattr(settings, "values", None)) else vars(settings)
-    return {name: value for name, value in values.items() if not name.startswith("_") and name not in _PER_RANK}
-
-
-def megatron_args(settings: Any, state: RunState, layout: dict[str, int | None], **saved: bool) -> argparse.Namespace:
-    """The ``args`` Megatron-LM saves and reads back: the settings under their (Megatron-LM) names,
-    the degrees of the layout that saved, and the run's counters. A new namespace: the settings
-    are not touched. ``saved``: what this checkpoint holds (``no_save_optim``, ``no_save_rng``), as
-    Megatron-LM's loader asks its saved args."""
-    values = {name: value for name, value in _settings_values(settings).items() if _portable(value)}
+def megatron_args(
+    record: Mapping[str, Any], state: RunState, layout: dict[str, int | None], **saved: bool
+) -> argparse.Namespace:
+    """The ``args`` Megatron-LM saves and reads back: ``record``, every flag and derived value of the run by
+    its Megatron-LM name in the settings' order (``Settings.values()``; per-process values left out), the degrees
+    of the layout that saved, and the run's counters. A new namespace: the record is not touched. ``saved``: what this checkpoint
+    holds (``no_save_optim``, ``no_save_rng``), as Megatron-LM's loader asks its saved args."""
+    values = {name: value for name, value in record.items() if _recorded(name) and _portable(value)}
     if isinstance(values.get("params_dtype"), str):  # Megatron-LM's args hold the torch dtype
         values["params_dtype"] = _DTYPES.get(values["params_dtype"], values["params_dtype"])
     values |= {LAYOUT_ARGS[key]: degree for key, degree in layout.items()}
@@ -110,6 +108,10 @@ def megatron_args(settings: Any, state: RunState, layout: dict[str, int | None],
     }
     values |= saved
     return argparse.Namespace(**values)
+
+
+def _recorded(name: str) -> bool:
+    return not name.startswith("_") and name not in _PER_RANK
 
 
 def megatron_rng(state: dict[str, Any]) -> dict[str, Any]:
@@ -201,3 +203,36 @@ class SavedRun:
     def loading_metadata(self) -> dict[str, Any]:
         """The sharded-state-dict metadata to load this checkpoint's optimizer with: the saved one."""
         return content_metadata(bool(self.distributed_optimizer)) | self.metadata
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointedRun:
+    """What a save records of this run and a load checks and reads it by, beyond the checkpoint section: from the
+    model, tokenizer, distributed, init and FSDP sections (``from_sections``); the counterpart of ``SavedRun``."""
+
+    model_shape: dict[str, Any]  # MODEL_SHAPE_ARGS by name: the shapes of the saved tensors
+    distributed_optimizer: bool  # --use-distributed-optimizer: the optimizer state's kind
+    rng_per_dp_rank: bool  # --data-parallel-random-init: the RNG states of every DP rank are saved
+    torch_fsdp2: bool = False  # --use-torch-fsdp2: a load writes into the wrapper's own shards
+
+    @classmethod
+    def from_sections(
+        cls,
+        model: ModelSection,
+        distributed: DistributedSection,
+        init: InitSection,
+        fsdp: FsdpSection,
+        *,
+        padded_vocab_size: int | None,
+    ) -> CheckpointedRun:
+        """``padded_vocab_size``: the model's vocabulary, which the tokenizer gives once the settings are parsed."""
+        shape = {
+            name: padded_vocab_size if name == "padded_vocab_size" else getattr(model, name)
+            for name in MODEL_SHAPE_ARGS
+        }
+        return cls(
+            model_shape=shape,
+            distributed_optimizer=bool(distributed.use_distributed_optimizer),
+            rng_per_dp_rank=bool(init.data_parallel_random_init),
+            torch_fsdp2=bool(fsdp.use_torch_fsdp2),
+        )

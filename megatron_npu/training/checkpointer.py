@@ -3,14 +3,15 @@ the files (checkpointing.py writes and reads those)."""
 
 from __future__ import annotations
 
-import argparse
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 
 from megatron_npu.training import checkpointing
+from megatron_npu.training.checkpoint_format import CheckpointedRun
 from megatron_npu.training.faults import FaultPlan
 from megatron_npu.training.global_vars import print_rank_0
 from megatron_npu.training.run_state import RunState
@@ -20,13 +21,15 @@ from megatron_npu.training.sections import CheckpointSection
 class Checkpointer:
     """--save every --save-interval and at the end of the run, --load at the start.
 
-    ``checkpoint``: when and where; ``overlap_param_gather``: the weights are gathered before a save.
-    ``megatron_args``: the whole flat settings, only for checkpointing.py, which stores them as the
-    checkpoint's ``args`` (Megatron-LM's format) and reads its load options from them."""
+    ``checkpoint``: when, where and what; ``run``: what a save records of the model and optimizer and a load
+    checks; ``overlap_param_gather``: the weights are gathered before a save. ``args_record``: every flag and
+    derived value by its Megatron-LM name (``Settings.values()``), read for nothing but the checkpoint's
+    ``args`` record (Megatron-LM's format stores the whole namespace; its loader compares it with its run's)."""
 
     def __init__(
         self,
         checkpoint: CheckpointSection,
+        run: CheckpointedRun,
         state: RunState,
         model: list,
         optimizer: Any,
@@ -34,9 +37,9 @@ class Checkpointer:
         faults: FaultPlan | None,
         *,
         overlap_param_gather: bool,
-        megatron_args: argparse.Namespace,
+        args_record: Mapping[str, Any],
     ) -> None:
-        self.checkpoint, self.state, self.megatron_args = checkpoint, state, megatron_args
+        self.checkpoint, self.run, self.state, self.args_record = checkpoint, run, state, args_record
         self.overlap_param_gather = overlap_param_gather
         self.model, self.optimizer, self.scheduler, self.faults = model, optimizer, scheduler, faults
         self.saved_iteration: int | None = None
@@ -61,11 +64,7 @@ class Checkpointer:
         inside the first save's stall)."""
         if self.checkpoint.load:
             loaded = checkpointing.load_checkpoint(
-                self.model,
-                self.optimizer,
-                self.scheduler,
-                self.megatron_args,
-                fully_parallel=self.checkpoint.ckpt_fully_parallel_load,
+                self.model, self.optimizer, self.scheduler, self.checkpoint, self.run
             )
             self.state.load_state_dict(loaded.state_dict())
         self.first_iteration = self.state.iteration
@@ -88,7 +87,9 @@ class Checkpointer:
             self.model,
             self.optimizer,
             self.scheduler,
-            self.megatron_args,
+            self.checkpoint,
+            self.run,
+            self.args_record,
             in_save,
             self.async_queue,
             self.save_strategy,

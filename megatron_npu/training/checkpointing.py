@@ -22,13 +22,12 @@ loader resumes Megatron-LM's, each with its data position, RNG and optimizer sta
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import random
 import shutil
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -53,6 +52,7 @@ from megatron_npu.training.arguments import ConfigError
 from megatron_npu.training.checkpoint_format import (
     CHECKPOINT_VERSION,
     MODEL_SHAPE_ARGS,
+    CheckpointedRun,
     SavedRun,
     content_metadata,
     megatron_args,
@@ -180,24 +180,29 @@ def save_checkpoint(
     model: list,
     optimizer: Any,
     scheduler: Any,
-    args: argparse.Namespace,
+    checkpoint: CheckpointSection,
+    run: CheckpointedRun,
+    args_record: Mapping[str, Any],
     in_save: Callable[[int], None] | None = None,
     async_queue: AsyncCallsQueue | None = None,
     strategy: FullyParallelSaveStrategyWrapper | None = None,
 ) -> str:
-    """Save ``state.iteration`` atomically under ``args.save``; returns the checkpoint directory.
+    """Save ``state.iteration`` atomically under ``checkpoint.save``; returns the checkpoint directory.
 
-    The common state carries Megatron-LM's fields (``args``, ``checkpoint_version``, ``iteration``,
+    ``checkpoint`` says where and what (optimizer, RNG, format); ``run`` what is recorded of the model and the
+    optimizer. The common state carries Megatron-LM's fields (``args``, ``checkpoint_version``, ``iteration``,
     ``num_floating_point_operations_so_far``, its RNG keys, content metadata) beside this trainer's, so
-    Megatron-LM's pretrain_gpt.py resumes it too (checkpoint_format.py). ``in_save(iteration)`` runs on
-    every rank once the files are written (the fault tests' seam).
+    Megatron-LM's pretrain_gpt.py resumes it too (checkpoint_format.py). ``args_record``: every flag and derived
+    value by its Megatron-LM name (``Settings.values()``), read for nothing but the checkpoint's ``args`` record,
+    which Megatron-LM's format stores whole and its loader compares with its run's. ``in_save(iteration)`` runs
+    on every rank once the files are written (the fault tests' seam).
 
     With ``async_queue`` (--async-save, torch_dist) the shards are written by megatron-core's async
     writer while training goes on; publishing (the rename and the tracker) is the request's last
     finalize step, which megatron-core runs on every rank once every rank's write has finished.
 
     ``strategy``: the torch_dist save strategy (``save_strategy``); None, megatron-core's default."""
-    root, iteration = args.save, state.iteration
+    root, iteration = checkpoint.save, state.iteration
     final = checkpoint_dir(root, iteration)
     partial = final + ".partial"
     if dist.get_rank() == 0:
@@ -205,22 +210,22 @@ def save_checkpoint(
         shutil.rmtree(partial, ignore_errors=True)  # a save killed earlier
         os.makedirs(partial)
     dist.barrier()
-    optim, rng = not args.no_save_optim and optimizer is not None, not args.no_save_rng
-    dtensor = args.ckpt_format == fsdp.MEGATRON_FSDP_FORMAT
-    metadata = dict(fsdp.FSDP_DTENSOR_METADATA) if dtensor else content_metadata(bool(args.use_distributed_optimizer))
+    optim, rng = not checkpoint.no_save_optim and optimizer is not None, not checkpoint.no_save_rng
+    dtensor = checkpoint.ckpt_format == fsdp.MEGATRON_FSDP_FORMAT
+    metadata = dict(fsdp.FSDP_DTENSOR_METADATA) if dtensor else content_metadata(run.distributed_optimizer)
     layout = _layout()
     common = dict(
         # Megatron-LM's fields
-        args=megatron_args(args, state, layout, no_save_optim=not optim, no_save_rng=not rng),
+        args=megatron_args(args_record, state, layout, no_save_optim=not optim, no_save_rng=not rng),
         checkpoint_version=CHECKPOINT_VERSION,
         iteration=iteration,
         num_floating_point_operations_so_far=state.floating_point_operations_so_far,
         # this trainer's
         run_state=state.state_dict(),
         layout=layout,
-        model_shape={name: getattr(args, name, None) for name in MODEL_SHAPE_ARGS},
+        model_shape=dict(run.model_shape),
         has_optimizer=optim,
-        distributed_optimizer=bool(args.use_distributed_optimizer),
+        distributed_optimizer=run.distributed_optimizer,
         has_rng=rng,
     )
     if dtensor:  # Megatron-FSDP: torch.distributed.checkpoint over DTensors, as Megatron-LM (fsdp.py)
@@ -230,9 +235,7 @@ def save_checkpoint(
     else:
         sharded = _sharded_state(model, optimizer, scheduler, optim=optim, metadata=metadata, loading=False)
         if rng:
-            sharded["rng_state"] = _rng_object(
-                per_dp_rank=bool(args.data_parallel_random_init), by_dp=layout.get("ep", 1) > 1
-            )
+            sharded["rng_state"] = _rng_object(per_dp_rank=run.rng_per_dp_rank, by_dp=layout.get("ep", 1) > 1)
         sharded.update(common)
         request = dist_checkpointing.save(
             sharded,
@@ -339,16 +342,16 @@ def load_strategy(fully_parallel: bool) -> FullyParallelLoadStrategyWrapper | No
 
 
 def load_checkpoint(
-    model: list, optimizer: Any, scheduler: Any, args: argparse.Namespace, *, fully_parallel: bool = False
+    model: list, optimizer: Any, scheduler: Any, checkpoint: CheckpointSection, run: CheckpointedRun
 ) -> RunState:
-    """Load ``args.load`` (latest iteration, or ``--ckpt-step``) into the model, optimizer, scheduler
-    and RNG: a checkpoint of this trainer or of Megatron-LM's. Returns the run's restored counters
-    (a fresh RunState for ``--finetune`` or no checkpoint); the settings are not written.
-    ``fully_parallel``: --ckpt-fully-parallel-load (torch_dist checkpoints)."""
-    root = args.load
-    iteration = args.ckpt_step if args.ckpt_step is not None else read_tracker(root)
+    """Load ``checkpoint.load`` (latest iteration, or ``--ckpt-step``) into the model, optimizer, scheduler
+    and RNG: a checkpoint of this trainer or of Megatron-LM's, checked against ``run`` (the model's shape,
+    the optimizer's kind). Returns the run's restored counters (a fresh RunState for ``--finetune`` or no
+    checkpoint); the settings are not written. --ckpt-fully-parallel-load: torch_dist checkpoints only."""
+    root = checkpoint.load
+    iteration = checkpoint.ckpt_step if checkpoint.ckpt_step is not None else read_tracker(root)
     if iteration is None:
-        if args.exit_on_missing_checkpoint:
+        if checkpoint.exit_on_missing_checkpoint:
             raise ConfigError(f"--load {root}: no {TRACKER} (and --exit-on-missing-checkpoint is set)")
         print_rank_0(f"WARNING: could not find {TRACKER} in {root}: training from scratch")
         return RunState()
@@ -356,19 +359,19 @@ def load_checkpoint(
     if not os.path.isdir(directory):
         raise ConfigError(
             f"--load {root}: no checkpoint directory {os.path.basename(directory)}"
-            + (" (--ckpt-step)" if args.ckpt_step is not None else f" (named by {TRACKER})")
+            + (" (--ckpt-step)" if checkpoint.ckpt_step is not None else f" (named by {TRACKER})")
         )
     dtensor = fsdp.is_fsdp_dtensor_checkpoint(directory)
     common = fsdp.read_common(directory) if dtensor else dist_checkpointing.load_common_state_dict(directory)
     saved = _read_saved_run(common, directory)
-    _check_model_shape(saved.model_shape, args, directory)
-    load_optim, load_rng = _what_to_load(saved, args, directory)
-    if fully_parallel and load_optim and saved.optimizer_sharding == "dp_zero_gather_scatter":
+    _check_model_shape(saved.model_shape, run.model_shape, directory)
+    load_optim, load_rng = _what_to_load(saved, checkpoint, run, directory)
+    if checkpoint.ckpt_fully_parallel_load and load_optim and saved.optimizer_sharding == "dp_zero_gather_scatter":
         raise ConfigError(  # as Megatron-LM's load_checkpoint: megatron-core cannot spread this format's load
             f"checkpoint {directory}: fully parallel load is not supported for dp_zero_gather_scatter "
             "checkpoints: remove --ckpt-fully-parallel-load"
         )
-    if dtensor != (args.ckpt_format == fsdp.MEGATRON_FSDP_FORMAT):
+    if dtensor != (checkpoint.ckpt_format == fsdp.MEGATRON_FSDP_FORMAT):
         raise ConfigError(
             f"checkpoint {directory} is {'fsdp_dtensor' if dtensor else 'torch_dist'}: load it with "
             + ("--use-megatron-fsdp --ckpt-format fsdp_dtensor" if dtensor else "--ckpt-format torch_dist")
@@ -377,15 +380,14 @@ def load_checkpoint(
         rng = _rng_state() if load_rng else None
         loaded = fsdp.load_checkpoint(directory, model, optimizer, scheduler, optim=load_optim, rng=rng)
     else:
-        strategy = load_strategy(fully_parallel)
         loaded = _load_dist_checkpoint(
-            model, optimizer, scheduler, args, directory, saved, load_optim, load_rng, strategy
+            model, optimizer, scheduler, checkpoint, run, directory, saved, load_optim, load_rng
         )
     if load_optim:
         _load_optimizer(loaded, common, optimizer, scheduler, directory)
     if load_rng:
         _restore_rng(loaded["rng_state"], saved.rng_per_dp_rank)
-    if args.finetune:
+    if checkpoint.finetune:
         print_rank_0(f"  loaded model weights from {directory} for finetuning (iteration 0)")
         return RunState()
     state = RunState()
@@ -402,24 +404,28 @@ def _load_dist_checkpoint(
     model: list,
     optimizer: Any,
     scheduler: Any,
-    args: argparse.Namespace,
+    checkpoint: CheckpointSection,
+    run: CheckpointedRun,
     directory: str,
     saved: SavedRun,
     load_optim: bool,
     load_rng: bool,
-    strategy: FullyParallelLoadStrategyWrapper | None,
 ) -> dict[str, Any]:
-    """dist-checkpointing's load into the model; the optimizer and RNG state returned for the caller."""
+    """dist-checkpointing's load into the model (--ckpt-fully-parallel-load's strategy, --dist-ckpt-strictness);
+    the optimizer and RNG state returned for the caller."""
     sharded = _sharded_state(
         model, optimizer, scheduler, optim=load_optim, metadata=saved.loading_metadata(), loading=True
     )
     if load_rng:  # the saved objects' sharding; their contents are replaced by the load
         sharded["rng_state"] = _rng_object(per_dp_rank=False, by_dp=saved.rng_by_dp)
-    loaded = dist_checkpointing.load(sharded, directory, sharded_strategy=strategy, strict=args.dist_ckpt_strictness)
+    strategy = load_strategy(checkpoint.ckpt_fully_parallel_load)
+    loaded = dist_checkpointing.load(
+        sharded, directory, sharded_strategy=strategy, strict=checkpoint.dist_ckpt_strictness
+    )
     for key, chunk in zip(_model_keys(model), model, strict=True):
         # FSDP2: the load wrote into the parameters' own shards; its wrapper's load_state_dict is the no-op
         # Megatron-LM calls (the module's would want whole DTensors)
-        (chunk if args.use_torch_fsdp2 else unwrap_model(chunk)).load_state_dict(loaded[key])
+        (chunk if run.torch_fsdp2 else unwrap_model(chunk)).load_state_dict(loaded[key])
     return loaded
 
 
@@ -430,18 +436,20 @@ def _read_saved_run(common: dict[str, Any], directory: str) -> SavedRun:
         raise ConfigError(f"checkpoint {directory}: {error}: not a checkpoint of a GPT trainer") from None
 
 
-def _what_to_load(saved: SavedRun, args: argparse.Namespace, directory: str) -> tuple[bool, bool]:
+def _what_to_load(
+    saved: SavedRun, checkpoint: CheckpointSection, run: CheckpointedRun, directory: str
+) -> tuple[bool, bool]:
     """(optimizer and scheduler, RNG): what of the checkpoint this run takes."""
     current = _layout()
     same_grid = _without_dp(saved.layout) == _without_dp(current)
-    load_optim = saved.has_optimizer and not args.no_load_optim and not args.finetune
+    load_optim = saved.has_optimizer and not checkpoint.no_load_optim and not checkpoint.finetune
     # RNG states belong to one rank of one layout; sharded by DP too (EP > 1), the DP size must match
     same_ranks = same_grid and (not saved.rng_by_dp or saved.layout.get("dp") == current["dp"])
-    load_rng = saved.has_rng and not args.no_load_rng and not args.finetune and same_ranks
+    load_rng = saved.has_rng and not checkpoint.no_load_rng and not checkpoint.finetune and same_ranks
     saved_dist_opt = saved.distributed_optimizer
     if saved_dist_opt is None:
-        saved_dist_opt = args.use_distributed_optimizer
-    if load_optim and bool(saved_dist_opt) != bool(args.use_distributed_optimizer):
+        saved_dist_opt = run.distributed_optimizer
+    if load_optim and bool(saved_dist_opt) != run.distributed_optimizer:
         given = "--use-distributed-optimizer" if saved_dist_opt else "no --use-distributed-optimizer"
         raise ConfigError(
             f"checkpoint {directory} holds {'distributed ' if saved_dist_opt else ''}optimizer state "
@@ -488,11 +496,12 @@ def _restore_rng(loaded: Any, per_dp_rank: bool) -> None:
     _set_rng_state(loaded[dp_rank] if per_dp_rank and dp_rank < len(loaded) else loaded[0])
 
 
-def _check_model_shape(saved: dict, args: argparse.Namespace, directory: str) -> None:
+def _check_model_shape(saved: dict[str, Any], current: dict[str, Any], directory: str) -> None:
+    """The saved model's shape (MODEL_SHAPE_ARGS, as far as the checkpoint records them) against this run's."""
     wrong = [
-        f"--{name.replace('_', '-')} {saved[name]} (given: {getattr(args, name, None)})"
+        f"--{name.replace('_', '-')} {saved[name]} (given: {current.get(name)})"
         for name in MODEL_SHAPE_ARGS
-        if name in saved and saved[name] != getattr(args, name, None)
+        if name in saved and saved[name] != current.get(name)
     ]
     if wrong:
         raise ConfigError(f"checkpoint {directory} was saved with a different model: " + ", ".join(wrong))

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.training.batch_schedule import BatchSizeSchedule
+from megatron_npu.training.checkpoint_format import CheckpointedRun
 from megatron_npu.training.checkpointer import Checkpointer
 from megatron_npu.training.config import params_dtype
 from megatron_npu.training.evaluation import Validator
@@ -60,13 +61,20 @@ class Trainer:
         )
         self.checkpointer = Checkpointer(
             settings.checkpoint,
+            CheckpointedRun.from_sections(
+                settings.model,
+                settings.distributed,
+                settings.init,
+                settings.fsdp,
+                padded_vocab_size=settings.padded_vocab_size,
+            ),
             state,
             model,
             optimizer,
             scheduler,
             self.faults,
-            overlap_param_gather=settings.overlap_param_gather,
-            megatron_args=settings,
+            overlap_param_gather=settings.distributed.overlap_param_gather,
+            args_record=settings.values(),
         )
         self.validator = Validator(settings.schedule, settings.parallel, state, self.step)
         self.batch_schedule = BatchSizeSchedule(settings.schedule, settings.parallel, state, settings.rank)

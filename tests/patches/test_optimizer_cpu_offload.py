@@ -9,6 +9,8 @@ accelerator interface's own code, which NpuAccelerator inherits."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch.optim import SGD, AdamW
@@ -17,7 +19,13 @@ import megatron_npu  # noqa: F401  (patches on import)
 from megatron_npu.accelerator.base import Accelerator
 from megatron_npu.accelerator.cpu import CpuAccelerator
 from megatron_npu.accelerator.npu import NpuAccelerator
-from megatron_npu.patches.optimizer_cpu_offload import offloaded_params, place_states, split_param_groups
+from megatron_npu.patches.optimizer_cpu_offload import (
+    _offload_to_cpu,
+    move_optimizer_tensors,
+    offloaded_params,
+    place_states,
+    split_param_groups,
+)
 from megatron_npu.registry import REGISTRY
 
 
@@ -131,3 +139,108 @@ def test_a_loaded_state_goes_where_its_sub_optimizer_steps():
     # the hybrid optimizer's own state mirrors its sub-optimizers' (megatron-core reads it in state_dict)
     device_param = next(p for p in model.parameters() if p not in hybrid.gpu_params_map_cpu_copy)
     assert hybrid.state[device_param]["exp_avg"].device.type == "meta"
+
+
+# --- MegatronOptimizer.offload_to_cpu (RL) ---------------------------------------------------------------------------
+
+
+class DeviceWithData(CpuAccelerator):
+    """Answers as npu does, on a device whose tensors hold data: torch's lazy tensors (TorchScript backend, run on the
+    host) are not is_cuda, not host tensors, and copy to the host and back; a meta tensor has no data to offload.
+    Its ``is_device_tensor`` is the accelerator interface's own code, which NpuAccelerator inherits."""
+
+    device_type = "lazy"
+
+    def device(self, index: int | None = None) -> torch.device:
+        return torch.device(self.device_type)
+
+
+@pytest.fixture(scope="module")
+def lazy_device() -> DeviceWithData:
+    import torch._lazy.ts_backend
+
+    torch._lazy.ts_backend.init()
+    return DeviceWithData()
+
+
+def _wrapped_adam_with_device_state(device: torch.device) -> tuple[SimpleNamespace, AdamW, torch.nn.Module]:
+    """A MegatronOptimizer's view for offload_to_cpu (its torch optimizer as ``.optimizer``) after one step, with the
+    step's state moved to ``device``. The parameters stay on the host: a lazy tensor cannot back a host parameter's
+    ``.data`` (megatron-core's parameter loop, the same selection, runs on the cpu target below)."""
+    model = _net()
+    adam = AdamW(model.parameters(), lr=0.01)
+    _steps(model, adam, 1)
+    for state in adam.state.values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            state[key] = state[key].to(device)
+    return SimpleNamespace(optimizer=adam), adam, model
+
+
+def _state_devices(adam: AdamW) -> set[str]:
+    return {v.device.type for state in adam.state.values() for k, v in state.items() if k != "step"}
+
+
+def _optimizer_class() -> type:
+    from megatron.core.optimizer.optimizer import MegatronOptimizer
+
+    return MegatronOptimizer
+
+
+def test_offload_moves_device_state_that_is_not_is_cuda(lazy_device):
+    """megatron-core's offload_to_cpu moved only .is_cuda tensors: on npu none, so nothing was freed. Patched, the
+    accelerator's device tensors go to the host, with their values; the host parameters stay as they are."""
+    original = REGISTRY.original_attribute(_optimizer_class(), "offload_to_cpu")
+    wrapper, adam, _ = _wrapped_adam_with_device_state(lazy_device.device())
+    original(wrapper)
+    assert _state_devices(adam) == {"lazy"}  # what megatron-core did on npu: nothing moved
+
+    wrapper, adam, model = _wrapped_adam_with_device_state(lazy_device.device())
+    before = {id(p): {k: v.cpu() for k, v in s.items()} for p, s in adam.state.items()}
+    storage = [p.data_ptr() for p in model.parameters()]
+    offload_to_cpu = _offload_to_cpu(original, lazy_device)
+    offload_to_cpu(wrapper)
+    assert _state_devices(adam) == {"cpu"}
+    for param, state in adam.state.items():
+        for key, value in state.items():
+            torch.testing.assert_close(value, before[id(param)][key], rtol=0, atol=0)
+    assert [p.data_ptr() for p in model.parameters()] == storage  # host parameters: not selected, not copied
+
+
+def test_offload_leaves_a_stub_optimizer_alone(lazy_device):
+    """megatron-core's guard: a stub (a rank without parameters in that group) or a wrapper without an optimizer."""
+    offload_to_cpu = _offload_to_cpu(REGISTRY.original_attribute(_optimizer_class(), "offload_to_cpu"), lazy_device)
+    wrapper, adam, _ = _wrapped_adam_with_device_state(lazy_device.device())
+    wrapper.is_stub_optimizer = True
+    offload_to_cpu(wrapper)
+    assert _state_devices(adam) == {"lazy"}
+    offload_to_cpu(SimpleNamespace(optimizer=None))
+
+
+def test_selected_parameters_move_by_data(lazy_device):
+    """megatron-core's parameter loop: a selected parameter keeps its identity (DDP's buffers and the param groups
+    hold it) and gets its data moved; a state tensor is replaced in its state dict."""
+    model = _net()
+    adam = AdamW(model.parameters(), lr=0.01)
+    _steps(model, adam, 1)
+    first = next(model.parameters())
+    moved: list[torch.Tensor] = []
+
+    def pick(tensor: torch.Tensor) -> bool:
+        moved.append(tensor)
+        return tensor is first
+
+    move_optimizer_tensors(adam, pick, torch.device("cpu"))
+    assert next(model.parameters()) is first and adam.param_groups[0]["params"][0] is first
+    assert len(moved) == len(list(model.parameters())) + sum(len(s) for s in adam.state.values())
+
+
+def test_offload_is_the_patched_one_for_every_megatron_optimizer():
+    """ChainedOptimizer calls each optimizer's offload_to_cpu: the mixed-precision and distributed optimizers inherit
+    MegatronOptimizer's, which is the patched one."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params, FP32Optimizer
+
+    patched = _optimizer_class().offload_to_cpu
+    assert patched is not REGISTRY.original_attribute(_optimizer_class(), "offload_to_cpu")
+    for cls in (DistributedOptimizer, Float16OptimizerWithFloat16Params, FP32Optimizer):
+        assert cls.offload_to_cpu is patched

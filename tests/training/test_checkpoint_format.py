@@ -11,8 +11,11 @@ import megatron.core  # noqa: F401  (registers megatron-core's safe globals: Nam
 import pytest
 import torch
 
+from megatron_npu.training import sections
 from megatron_npu.training.checkpoint_format import (
     CHECKPOINT_VERSION,
+    MODEL_SHAPE_ARGS,
+    CheckpointedRun,
     SavedRun,
     content_metadata,
     megatron_args,
@@ -49,7 +52,7 @@ def test_megatron_args_are_the_settings_and_the_counters_without_touching_the_se
     settings = _settings()
     before = dict(vars(settings))
     state = RunState(iteration=7, consumed_train_samples=56, consumed_valid_samples=16)
-    args = megatron_args(settings, state, LAYOUT, no_save_optim=False, no_save_rng=True)
+    args = megatron_args(settings.values(), state, LAYOUT, no_save_optim=False, no_save_rng=True)
     assert vars(settings) == before  # frozen: a write would have raised
     assert type(args) is argparse.Namespace and args is not settings
     assert (args.consumed_train_samples, args.consumed_valid_samples, args.iteration) == (56, 16, 7)
@@ -63,6 +66,23 @@ def test_megatron_args_are_the_settings_and_the_counters_without_touching_the_se
     torch.save({"args": args}, buffer)
     buffer.seek(0)
     assert vars(torch.load(buffer)["args"]) == vars(args)
+
+
+def test_the_run_a_checkpoint_records_is_read_from_the_sections() -> None:
+    model = sections.ModelSection(
+        num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=256, kv_channels=16, num_query_groups=2
+    )
+    run = CheckpointedRun.from_sections(
+        model,
+        sections.DistributedSection(use_distributed_optimizer=True),
+        sections.InitSection(data_parallel_random_init=True),
+        sections.FsdpSection(),
+        padded_vocab_size=384,
+    )
+    assert list(run.model_shape) == list(MODEL_SHAPE_ARGS)  # common.pt's model_shape keeps its key order
+    assert run.model_shape["padded_vocab_size"] == 384 and run.model_shape["num_query_groups"] == 2
+    assert run.model_shape["normalization"] == model.normalization and run.model_shape["swiglu"] is model.swiglu
+    assert (run.distributed_optimizer, run.rng_per_dp_rank, run.torch_fsdp2) == (True, True, False)
 
 
 def test_a_megatron_lm_checkpoint_reads_as_its_layout_counters_and_formats() -> None:
@@ -105,7 +125,7 @@ def test_a_megatron_lm_checkpoint_reads_as_its_layout_counters_and_formats() -> 
 
 def test_this_trainers_checkpoints_read_back_new_and_old() -> None:
     state = RunState(iteration=6, consumed_train_samples=48, skipped_iterations=1)
-    args = megatron_args(_settings(), state, LAYOUT, no_save_optim=False, no_save_rng=False)
+    args = megatron_args(_settings().values(), state, LAYOUT, no_save_optim=False, no_save_rng=False)
     common = {
         "args": args,
         "checkpoint_version": CHECKPOINT_VERSION,
@@ -141,3 +161,13 @@ def test_rng_entries_take_megatron_lms_keys_whichever_trainer_saved_them() -> No
         "rng_tracker_states": 5,
     }
     assert megatron_rng(long) == long
+
+
+def test_a_checkpoint_of_another_model_is_one_message_naming_each_differing_flag() -> None:
+    from megatron_npu.training.arguments import ConfigError
+    from megatron_npu.training.checkpointing import _check_model_shape
+
+    saved = {"num_layers": 4, "hidden_size": 64, "padded_vocab_size": 128}
+    _check_model_shape(saved, saved | {"swiglu": True}, "ckpt")  # what the checkpoint does not record: not compared
+    with pytest.raises(ConfigError, match=r"--num-layers 4 \(given: 2\), --padded-vocab-size 128 \(given: 256\)$"):
+        _check_model_shape(saved, {"num_layers": 2, "hidden_size": 64, "padded_vocab_size": 256}, "ckpt")

@@ -142,6 +142,7 @@ def test_checkpointer_metrics_and_writer_are_built_from_their_sections_alone(tmp
     import torch
 
     from megatron_npu.layout.parallel_dims import ParallelDims
+    from megatron_npu.training.checkpoint_format import CheckpointedRun
     from megatron_npu.training.checkpointer import Checkpointer
     from megatron_npu.training.metrics import TrainingMetrics
     from megatron_npu.training.reporting import MetricsWriter, ModelFlops
@@ -151,10 +152,10 @@ def test_checkpointer_metrics_and_writer_are_built_from_their_sections_alone(tmp
 
     state, root = RunState(), tmp_path / "ckpt"
     checkpoint = sections.CheckpointSection(save=str(root), save_interval=3)
-    flat = argparse.Namespace()  # checkpointing.py's view, unread until a save or load
+    run = CheckpointedRun(model_shape={}, distributed_optimizer=False, rng_per_dp_rank=False)  # read by saves, loads
 
     def checkpointer(section: sections.CheckpointSection) -> Checkpointer:
-        return Checkpointer(section, state, [], None, None, None, overlap_param_gather=False, megatron_args=flat)
+        return Checkpointer(section, run, state, [], None, None, None, overlap_param_gather=False, args_record={})
 
     saving = checkpointer(checkpoint)
     assert [i for i in range(1, 8) if saving.due(i)] == [3, 6] and saving.async_queue is None
