@@ -1,7 +1,7 @@
 """megatron-core's own tokenizer builder (``build_tokenizer(args)``), wherever the release keeps it.
 
 - 0.15-0.16: ``megatron.core.tokenizers.text.utils.build_tokenizer``, reading Megatron-LM 0.16's tokenizer
-  arguments, the ones this trainer parses (data/tokenizers.py ``TokenizerOptions``).
+  arguments, the ones this trainer parses (``training/sections/tokenizer.py``'s ``TokenizerSection``).
 - 0.17+: ``megatron.core.tokenizers.utils.build_tokenizer``, reading Megatron-LM 0.17's names
   (``special_tokens``, ``metadata_path``, ``tokenizer_hf_no_use_fast``, ...) and, from 0.17, padding the
   vocabulary itself: the 0.16 namespace is given the new names (same meaning) before the call.

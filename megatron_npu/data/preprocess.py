@@ -14,7 +14,6 @@ and the output is renamed into place at the end.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import glob
 import gzip
@@ -31,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from megatron_npu.data.indexed_writer import IndexedDatasetWriter, optimal_dtype
-from megatron_npu.data.tokenizers import TokenizerError, TokenizerOptions, add_tokenizer_args, preprocessing_encoder
+from megatron_npu.data.tokenizers import TokenizerError, TokenizerSection, preprocessing_encoder
+from megatron_npu.training.sections.base import add_section_arguments
 
 BATCH = 256
 WINDOW_PER_WORKER = 4  # batches in flight per worker: bounds memory whatever the corpus size
@@ -46,9 +46,9 @@ def _open(path: str):
     return open(path, "rb")
 
 
-def _options(a: Any) -> TokenizerOptions:
+def _options(a: Any) -> TokenizerSection:
     # Megatron-LM's tool sets vocab_extra_ids = 0 whatever the command line says
-    return dataclasses.replace(TokenizerOptions.from_args(a), vocab_extra_ids=0)
+    return TokenizerSection.from_values(a).replace(vocab_extra_ids=0)
 
 
 def _init(a: Any) -> None:
@@ -179,10 +179,10 @@ def _batches(a: argparse.Namespace) -> Iterator[list[tuple[int, bytes]]]:
         yield b
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     """Megatron-LM core_v0.16.1's tools/preprocess_data.py flags (--workers defaults to 1 here)."""
     p = argparse.ArgumentParser(prog="megatron-npu preprocess")  # scripts/preprocess_data.py is the same command
-    add_tokenizer_args(p.add_argument_group(title="tokenizer"))
+    add_section_arguments(p, TokenizerSection, "tokenizer")  # Megatron-LM's _add_tokenizer_args, the trainer's
     g = p.add_argument_group(title="input data")
     g.add_argument("--input", required=True, help="jsonl file, one document per line (a glob with --partitions)")
     g.add_argument("--json-keys", nargs="+", default=["text"], help="keys to extract from each line (default: text)")
@@ -212,6 +212,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     g.add_argument("--log-interval", type=int, default=10000, help="documents between progress lines")
     g.add_argument("--strict", action="store_true", help="exit 1 when any input line was skipped")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = build_parser()
     a = p.parse_args(argv)
     if a.tokenizer_type is None:
         p.error("the following arguments are required: --tokenizer-type")

@@ -43,13 +43,15 @@ from megatron_npu.data.legacy_tokenizers import (
     TokenizerError,
 )
 from megatron_npu.layout.model_shape import pad_vocab_size  # the one padding rule (planner, report, here)
-from megatron_npu.policy import TOKENIZER_TYPES
+
+# Megatron-LM's tokenizer flags are defined once, as the trainer's section; preprocessing's parser takes its
+# argument group. sections/ imports nothing from data/ (no circle); policy.py imports them too.
+from megatron_npu.training.sections.tokenizer import TOKENIZER_TYPES, TokenizerSection
 
 __all__ = [
     "TOKENIZER_TYPES",
     "TokenizerError",
-    "TokenizerOptions",
-    "add_tokenizer_args",
+    "TokenizerSection",
     "build_tokenizer",
     "pad_vocab_size",
     "padded_vocab_size",
@@ -65,96 +67,33 @@ _LEGACY_CLASSES: dict[str, type[LegacyTokenizer]] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class TokenizerOptions:
-    """Megatron-LM 0.16.1's tokenizer flags (``_add_tokenizer_args``), by their dest names."""
-
-    tokenizer_type: str
-    tokenizer_model: str | None = None
-    vocab_file: str | None = None
-    merge_file: str | None = None
-    vocab_size: int | None = None
-    vocab_extra_ids: int = 0
-    legacy_tokenizer: bool = False
-    tokenizer_metadata: str | None = None
-    tokenizer_special_tokens: tuple[str, ...] | None = None
-    tokenizer_sentencepiece_legacy: bool = False
-    tokenizer_hf_use_fast: bool = False
-    tokenizer_hf_include_special_tokens: bool = False
-    trust_remote_code: bool = False
-    tiktoken_pattern: str | None = None
-    tiktoken_num_special_tokens: int = 1000
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> TokenizerOptions:
-        """The options of a parsed command line; flags it lacks keep Megatron-LM's defaults."""
-        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
-        if values.get("tokenizer_special_tokens") is None and getattr(args, "tiktoken_special_tokens", None):
-            values["tokenizer_special_tokens"] = args.tiktoken_special_tokens  # Megatron-LM: deprecated alias
-        if values.get("tokenizer_special_tokens") is not None:
-            values["tokenizer_special_tokens"] = tuple(values["tokenizer_special_tokens"])
-        return cls(**values)
-
-
-def add_tokenizer_args(g: Any) -> None:
-    """Megatron-LM core_v0.16.1's ``_add_tokenizer_args`` (training and tools/preprocess_data.py)."""
-    g.add_argument("--vocab-size", type=int, default=None, help="Size of vocab before EOD or padding.")
-    g.add_argument("--padded-vocab-size", type=int, default=None, help="The model's vocabulary (default: padded).")
-    g.add_argument("--vocab-file", type=str, default=None, help="Path to the vocab file.")
-    g.add_argument("--merge-file", type=str, default=None, help="Path to the BPE merge file.")
-    g.add_argument("--vocab-extra-ids", type=int, default=0, help="Number of additional vocabulary tokens.")
-    g.add_argument(
-        "--tokenizer-type", type=str, default=None, choices=list(TOKENIZER_TYPES), help="What type of tokenizer to use."
-    )
-    g.add_argument(
-        "--tokenizer-model",
-        type=str,
-        default=None,
-        help="SentencePiece model file, or a local HuggingFace tokenizer directory.",
-    )
-    g.add_argument("--tokenizer-metadata", type=str, default=None, help="Tokenizer metadata JSON (megatron-core).")
-    g.add_argument(
-        "--tokenizer-special-tokens", type=str, nargs="+", default=None, help="Special tokens (megatron-core's)."
-    )
-    g.add_argument(
-        "--legacy-tokenizer", action="store_true", help="Megatron-LM's legacy tokenizers (default: megatron-core's)."
-    )
-    g.add_argument("--tiktoken-pattern", type=str, default=None, help="TikTokenizer: the pattern (v1 or v2).")
-    g.add_argument(
-        "--tiktoken-num-special-tokens", type=int, default=1000, help="TikTokenizer: number of special tokens."
-    )
-    g.add_argument(
-        "--tiktoken-special-tokens", type=str, nargs="+", default=None, help="TikTokenizer: the special tokens."
-    )
-    g.add_argument(
-        "--tokenizer-sentencepiece-legacy", action="store_true", help="SentencePiece: legacy special-token handling."
-    )
-    g.add_argument("--tokenizer-hf-use-fast", action="store_true", help="HuggingFace: the fast tokenizer.")
-    g.add_argument(
-        "--tokenizer-hf-include-special-tokens", action="store_true", help="HuggingFace: encode special tokens."
-    )
-    g.add_argument("--trust-remote-code", action="store_true", help="HuggingFace: allow the model's own code.")
+def _with_special_tokens_alias(o: TokenizerSection) -> TokenizerSection:
+    """``--tiktoken-special-tokens``, Megatron-LM's deprecated spelling of ``--tokenizer-special-tokens``,
+    used when the other is not given (core_v0.16.1's validate_args: its builders read only the new one)."""
+    if o.tiktoken_special_tokens and not o.tokenizer_special_tokens:
+        return o.replace(tokenizer_special_tokens=o.tiktoken_special_tokens)
+    return o
 
 
 def build_tokenizer(tokenizer_type: str, **options: Any) -> Any:
     """The tokenizer Megatron-LM 0.16.1 builds for these flags; TokenizerError on bad flags.
 
-    ``options`` are ``TokenizerOptions`` fields (``legacy_tokenizer=True`` for the legacy one).
+    ``options`` are ``TokenizerSection`` fields (``legacy_tokenizer=True`` for the legacy one).
     """
-    return build(TokenizerOptions(tokenizer_type, **options))
+    return build(TokenizerSection(tokenizer_type=tokenizer_type, **options))
 
 
 #: megatron-core's own tokenizers (megatron.core.tokenizers) are new in this release
 CORE_TOKENIZERS_SINCE = "0.15"
 
 
-def for_this_release(o: TokenizerOptions) -> TokenizerOptions:
+def for_this_release(o: TokenizerSection) -> TokenizerSection:
     """On a megatron-core without ``megatron.core.tokenizers`` (0.12-0.14) the legacy tokenizers, as that
     release's Megatron-LM uses (it has no --legacy-tokenizer flag to ask for them), said once per process."""
     if o.legacy_tokenizer or o.tokenizer_type not in _LEGACY_TYPES or _has_core_tokenizers():
         return o
     _say_legacy_once()
-    return dataclasses.replace(o, legacy_tokenizer=True)
+    return o.replace(legacy_tokenizer=True)
 
 
 @functools.lru_cache(maxsize=1)
@@ -180,16 +119,21 @@ def _say_legacy_once() -> None:
         )
 
 
-def build(o: TokenizerOptions) -> Any:
-    o = for_this_release(o)
+def _as_read(o: TokenizerSection) -> TokenizerSection:
+    """The section as this release's Megatron-LM reads it (the alias, the release's tokenizer system)."""
+    return for_this_release(_with_special_tokens_alias(o))
+
+
+def build(o: TokenizerSection) -> Any:
+    o = _as_read(o)
     _check_files(o)
     return _build_legacy(o) if o.legacy_tokenizer else _build_core(o)
 
 
-def padded_vocab_size(o: TokenizerOptions, tokenizer: Any, divisible_by: int, tensor_parallel: int) -> int:
+def padded_vocab_size(o: TokenizerSection, tokenizer: Any, divisible_by: int, tensor_parallel: int) -> int:
     """Megatron-LM pads the vocabulary of its global tokenizer, which is always the legacy one
     (megatron/training/global_vars.py); a type with no legacy class here pads its own size."""
-    o = for_this_release(o)
+    o = _as_read(o)
     if o.legacy_tokenizer or o.tokenizer_type not in _LEGACY_TYPES:
         size = tokenizer.vocab_size
     else:
@@ -197,10 +141,10 @@ def padded_vocab_size(o: TokenizerOptions, tokenizer: Any, divisible_by: int, te
     return pad_vocab_size(size, divisible_by, tensor_parallel)
 
 
-def preprocessing_encoder(o: TokenizerOptions) -> Any:
+def preprocessing_encoder(o: TokenizerSection) -> Any:
     """What preprocessing encodes with: ``vocab_size``, ``eod`` and
     ``tokenize_batch_arrays(texts)``, the ids ``build(o).tokenize`` gives each text."""
-    o = for_this_release(o)
+    o = _as_read(o)
     if o.legacy_tokenizer:
         return build(o)
     _check_files(o)
@@ -254,7 +198,7 @@ class _HuggingFaceIds:
     call's ``input_ids`` with --tokenizer-hf-include-special-tokens, as there.
     """
 
-    def __init__(self, o: TokenizerOptions) -> None:
+    def __init__(self, o: TokenizerSection) -> None:
         try:
             from transformers import AutoTokenizer
 
@@ -341,7 +285,7 @@ class _CoreEncoder:
 _LEGACY_TYPES = (*SENTENCEPIECE_TYPES, "HuggingFaceTokenizer", "GPT2BPETokenizer", "NullTokenizer")
 
 
-def _build_legacy(o: TokenizerOptions) -> LegacyTokenizer:
+def _build_legacy(o: TokenizerSection) -> LegacyTokenizer:
     t = o.tokenizer_type
     if t == "NullTokenizer":
         return NullTokenizer(_need_vocab_size(o))
@@ -374,7 +318,7 @@ def _build_legacy(o: TokenizerOptions) -> LegacyTokenizer:
     )
 
 
-def _build_core(o: TokenizerOptions) -> Any:
+def _build_core(o: TokenizerSection) -> Any:
     """megatron-core's builder, called as Megatron-LM's tools and pretrain_gpt.py call it."""
     if o.tokenizer_type == "NullTokenizer":
         _need_vocab_size(o)
@@ -403,7 +347,7 @@ def _build_core(o: TokenizerOptions) -> Any:
         ) from None
 
 
-def _check_files(o: TokenizerOptions) -> None:
+def _check_files(o: TokenizerSection) -> None:
     t = o.tokenizer_type
     if t not in TOKENIZER_TYPES:
         raise TokenizerError(f"--tokenizer-type {t!r}: choose one of {', '.join(TOKENIZER_TYPES)}")
@@ -424,7 +368,7 @@ def _need_file(path: str | None, flag: str, kind: str) -> str:
     return path
 
 
-def _need_vocab_size(o: TokenizerOptions) -> int:
+def _need_vocab_size(o: TokenizerSection) -> int:
     if o.vocab_size is None:
         raise TokenizerError("NullTokenizer needs --vocab-size")
     return o.vocab_size
@@ -435,13 +379,13 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def training_tokenizer(args: argparse.Namespace) -> tuple[Any, int]:
+def training_tokenizer(o: TokenizerSection, divisible_by: int, tensor_parallel: int) -> tuple[Any, int]:
     """pretrain_gpt.py's tokenizer (the one its datasets use, as Megatron-LM's
     core_gpt_dataset_config_from_args builds it) and the model's vocabulary size
-    (``--padded-vocab-size`` when given, else Megatron-LM's padding)."""
-    o = TokenizerOptions.from_args(args)
+    (``--padded-vocab-size`` when given, else Megatron-LM's padding to ``--make-vocab-size-divisible-by``
+    x the tensor-parallel size)."""
     tokenizer = build(o)
-    padded = getattr(args, "padded_vocab_size", None)
+    padded = o.padded_vocab_size
     if padded is None:
-        padded = padded_vocab_size(o, tokenizer, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
+        padded = padded_vocab_size(o, tokenizer, divisible_by, tensor_parallel)
     return tokenizer, padded

@@ -46,7 +46,9 @@ def setup_args(
     """The settings, validated and frozen, and the tokenizer: all before any process group exists."""
     # Defaults and extra flags go in before validation, as Megatron-LM's initialize_megatron does.
     args = parse_args(argv, extra_args_provider=extra_args_provider, args_defaults=args_defaults)
-    tokenizer, args.padded_vocab_size = training_tokenizer(args)
+    tokenizer, args.padded_vocab_size = training_tokenizer(
+        args.tokenizer, args.model.make_vocab_size_divisible_by, args.parallel.tp
+    )
     check_dataset_tokenizer(args, tokenizer)  # a dataset from another tokenizer: one message, before any work
     return args.freeze(), tokenizer
 

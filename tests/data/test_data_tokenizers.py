@@ -26,12 +26,13 @@ from megatron_npu.data import DEMO_TOKENIZER_MODEL
 from megatron_npu.data.preprocess import parse_args, run
 from megatron_npu.data.tokenizers import (
     TokenizerError,
-    TokenizerOptions,
+    TokenizerSection,
     build,
     build_tokenizer,
     pad_vocab_size,
     padded_vocab_size,
     preprocessing_encoder,
+    training_tokenizer,
 )
 
 # Stable under the demo model's nmt_nfkc normalisation (single spaces, no newlines).
@@ -109,20 +110,20 @@ def test_preprocessing_encodes_as_megatron_core(hf_dir):
     """Preprocessing's torch-free encoders give megatron-core's ids, eod and vocabulary size."""
     corpus = [*TEXTS, *CORPUS, *TRICKY]
     for kind in SPM_KINDS:
-        o = TokenizerOptions(kind, tokenizer_model=DEMO_TOKENIZER_MODEL)
+        o = TokenizerSection(tokenizer_type=kind, tokenizer_model=DEMO_TOKENIZER_MODEL)
         core, fast = build(o), preprocessing_encoder(o)
         assert not isinstance(fast, type(core))  # the direct path, not megatron-core's object
         assert (fast.vocab_size, fast.eod) == (core.vocab_size, core.eod)
         assert [a.tolist() for a in fast.tokenize_batch_arrays(corpus)] == [core.tokenize(t) for t in corpus]
     for include in (False, True):
-        o = TokenizerOptions(
-            "HuggingFaceTokenizer", tokenizer_model=hf_dir, tokenizer_hf_include_special_tokens=include
+        o = TokenizerSection(
+            tokenizer_type="HuggingFaceTokenizer", tokenizer_model=hf_dir, tokenizer_hf_include_special_tokens=include
         )
         core, fast = build(o), preprocessing_encoder(o)
         assert not isinstance(fast, type(core))
         assert (fast.vocab_size, fast.eod) == (core.vocab_size, core.eod)
         assert [a.tolist() for a in fast.tokenize_batch_arrays(corpus)] == [core.tokenize(t) for t in corpus]
-    o = TokenizerOptions("NullTokenizer", vocab_size=1000)
+    o = TokenizerSection(tokenizer_type="NullTokenizer", vocab_size=1000)
     core, fast = build(o), preprocessing_encoder(o)
     assert (fast.vocab_size, fast.eod) == (core.vocab_size, core.eod) == (1001, 1000)
     assert [a.tolist() for a in fast.tokenize_batch_arrays(["5 17 999", "0"])] == [[5, 17, 999], [0]]
@@ -152,8 +153,10 @@ def test_huggingface_direct_path_is_transformers_backend(hf_dir, tmp_path):
             config[key] = config.pop(value) if isinstance(value, str) else value
         (d / "tokenizer_config.json").write_text(json.dumps(config))
         for include in (False, True):
-            o = TokenizerOptions(
-                "HuggingFaceTokenizer", tokenizer_model=str(d), tokenizer_hf_include_special_tokens=include
+            o = TokenizerSection(
+                tokenizer_type="HuggingFaceTokenizer",
+                tokenizer_model=str(d),
+                tokenizer_hf_include_special_tokens=include,
             )
             core, fast = build(o), preprocessing_encoder(o)
             assert isinstance(fast, _TokenizersIds), name
@@ -181,11 +184,20 @@ def test_padded_vocab_as_megatron_lm():
     """Megatron-LM pads its legacy tokenizer's size (global_vars builds the legacy one)."""
     for kind, size in (("SentencePieceTokenizer", 6004), ("GPTSentencePieceTokenizer", 6000)):
         for legacy in (False, True):
-            o = TokenizerOptions(kind, tokenizer_model=DEMO_TOKENIZER_MODEL, legacy_tokenizer=legacy)
+            o = TokenizerSection(tokenizer_type=kind, tokenizer_model=DEMO_TOKENIZER_MODEL, legacy_tokenizer=legacy)
             assert padded_vocab_size(o, build(o), 128, 1) == pad_vocab_size(size, 128, 1) == 6016
             assert padded_vocab_size(o, build(o), 128, 4) == 6144
-    o = TokenizerOptions("NullTokenizer", vocab_size=1000)
+    o = TokenizerSection(tokenizer_type="NullTokenizer", vocab_size=1000)
     assert padded_vocab_size(o, build(o), 128, 1) == 1024
+
+
+def test_training_tokenizer_takes_the_tokenizer_section():
+    """The trainer's tokenizer and vocabulary from its tokenizer section, the padding multiple and the TP size:
+    Megatron-LM's padding unless --padded-vocab-size is given."""
+    null = TokenizerSection(tokenizer_type="NullTokenizer", vocab_size=1000)
+    tokenizer, padded = training_tokenizer(null, 128, 3)
+    assert (tokenizer.vocab_size, padded) == (1001, 1152)  # 1001 up to a multiple of 128 x 3
+    assert training_tokenizer(null.replace(padded_vocab_size=2000), 128, 3)[1] == 2000
 
 
 def test_gpt_sentencepiece_legacy():
@@ -309,7 +321,7 @@ def test_tokenizer_errors(tmp_path):
         with pytest.raises(TokenizerError, match="not a SentencePiece model"):
             build_tokenizer(kind, tokenizer_model=str(junk), **LEGACY)
         with pytest.raises(TokenizerError, match="not a SentencePiece model"):
-            preprocessing_encoder(TokenizerOptions(kind, tokenizer_model=str(junk)))
+            preprocessing_encoder(TokenizerSection(tokenizer_type=kind, tokenizer_model=str(junk)))
         with pytest.raises(TokenizerError, match=f"{kind}: megatron-core's tokenizer could not be built"):
             build_tokenizer(kind, tokenizer_model=str(junk))
     for options in ({}, LEGACY):

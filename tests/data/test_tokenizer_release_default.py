@@ -23,7 +23,7 @@ def release(monkeypatch):
 def test_releases_without_core_tokenizers_use_the_legacy_ones_saying_so_once(release, capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     release("0.12.1")
-    null = tokenizers.TokenizerOptions("NullTokenizer", vocab_size=100)
+    null = tokenizers.TokenizerSection(tokenizer_type="NullTokenizer", vocab_size=100)
     first, second = tokenizers.build(null), tokenizers.build(null)
     assert isinstance(first, tokenizers.LegacyTokenizer) and isinstance(second, tokenizers.LegacyTokenizer)
     err = capsys.readouterr().err.strip().splitlines()

@@ -244,18 +244,26 @@ def test_the_moe_fsdp_and_distributed_sections_hold_the_validated_values():
 
 
 def test_preprocessing_takes_the_tokenizer_sections_flags():
-    """tools' preprocess parser (megatron_npu.data.tokenizers.add_tokenizer_args) and the trainer's tokenizer
-    section: the same flags, dests and defaults."""
-    from megatron_npu.data.tokenizers import add_tokenizer_args
+    """tools' preprocess parser and the trainer's: one tokenizer group, the section's, with the same flags, dests,
+    defaults, types and choices; and preprocessing reads its options back as that section."""
+    from megatron_npu.data.preprocess import _options
+    from megatron_npu.data.preprocess import build_parser as preprocess_parser
 
-    preprocess = argparse.ArgumentParser()
-    add_tokenizer_args(preprocess)
-    theirs = {(tuple(a.option_strings), a.dest, repr(a.default)) for a in preprocess._actions if a.dest != "help"}
-    ours = set()
-    for field in flag_fields(sections.TokenizerSection):
-        flags, kwargs = argument_spec(sections.TokenizerSection, field)
-        ours.add((tuple(flags), field.name, repr(kwargs["default"])))
-    assert theirs == ours
+    def tokenizer_flags(parser: argparse.ArgumentParser) -> dict:
+        (group,) = [g for g in parser._action_groups if g.title == "tokenizer"]
+        return {
+            tuple(a.option_strings): (a.dest, repr(a.default), a.type, a.nargs, a.choices, type(a).__name__)
+            for a in group._group_actions
+        }
+
+    section = {tuple(argument_spec(sections.TokenizerSection, f)[0]) for f in flag_fields(sections.TokenizerSection)}
+    preprocess, trainer = tokenizer_flags(preprocess_parser()), tokenizer_flags(build_parser())
+    assert preprocess == trainer and set(preprocess) == section
+    argv = ["--input", "x", "--output-prefix", "y", "--tokenizer-type", "NullTokenizer", "--vocab-size", "7"]
+    argv += ["--tiktoken-special-tokens", "<a>", "<b>", "--vocab-extra-ids", "3"]
+    options = _options(preprocess_parser().parse_args(argv))
+    assert isinstance(options, sections.TokenizerSection) and options.tiktoken_special_tokens == ("<a>", "<b>")
+    assert (options.vocab_size, options.vocab_extra_ids) == (7, 0)  # Megatron-LM's tool: no extra ids
 
 
 def test_a_flag_that_is_a_field_carries_its_fate_and_the_policy_keeps_only_the_others():
