@@ -97,7 +97,7 @@ def forward_step(data_iterator, model: GPTModel):
 def train_valid_test_datasets_provider(train_val_test_num_samples: list[int]):
     args = get_args()
     print_rank_0("> building train, validation, and test datasets for GPT ...")
-    return build_datasets(args, get_tokenizer(), train_val_test_num_samples)
+    return build_datasets(args.data, args.init.seed, get_tokenizer(), train_val_test_num_samples)
 
 
 if __name__ == "__main__":  # the guard matters: dist-checkpointing starts a spawn context

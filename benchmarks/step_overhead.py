@@ -172,16 +172,24 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(
         accelerator.communication_backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
     )
-    initialize_distributed(args)
+    initialize_distributed(args.distributed, args.parallel, args.schedule)
     set_random_seed(args.seed, args.data_parallel_random_init)
     timers = build_timers(args.timing_log_level, args.timing_log_option)
     global_vars.set_global("timers", timers)
-    model = build_model(pretrain_gpt.model_provider, args)
+    model = build_model(
+        pretrain_gpt.model_provider,
+        args.parallel,
+        args.precision,
+        args.distributed,
+        args.training,
+        args.fsdp,
+        args.init,
+    )
     optimizer = get_megatron_optimizer(
         optimizer_config(args.optim, args.schedule, args.precision, args.distributed, args.logging), model
     )
     scheduler = build_scheduler(optimizer, args.schedule)
-    wire_model_config(model, optimizer, timers, args)
+    wire_model_config(model, optimizer, timers, args.distributed)
     state = RunState()
     trainer = Trainer(args, state, model, optimizer, scheduler, pretrain_gpt.forward_step, timers)
     metrics = trainer.training_metrics()

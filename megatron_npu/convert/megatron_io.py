@@ -151,7 +151,7 @@ def single_process(args: argparse.Namespace) -> None:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
-    initialize_distributed(args)
+    initialize_distributed(args.distributed, args.parallel, args.schedule)
 
 
 def _free_port() -> int:

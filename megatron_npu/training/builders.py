@@ -1,10 +1,9 @@
 """The objects a run is built from, once the process groups exist: model chunks (one per
 virtual stage, on the device, in megatron-core's DDP), optimizer, LR scheduler, and the hooks
-megatron-core's schedules call back into. Each reads the settings and nothing else."""
+megatron-core's schedules call back into. Each takes the settings sections it reads, nothing else."""
 
 from __future__ import annotations
 
-import argparse
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -18,9 +17,19 @@ from megatron.core.utils import get_model_config
 
 from megatron_npu.accelerator import get_accelerator
 from megatron_npu.compat import parallel_state, standard_megatron_optimizer  # parallel_state: vp_stage on 0.12
+from megatron_npu.layout.parallel_dims import ParallelDims
 from megatron_npu.training import fsdp
 from megatron_npu.training.config import ddp_config, optimizer_config
-from megatron_npu.training.sections import ScheduleSection
+from megatron_npu.training.sections import (
+    DistributedSection,
+    FsdpSection,
+    InitSection,
+    LoggingSection,
+    MixedPrecisionSection,
+    OptimizerSection,
+    ScheduleSection,
+    TrainingSection,
+)
 
 
 def _call_provider(model_provider: Callable, pre: bool, post: bool, vp_stage: int | None) -> torch.nn.Module:
@@ -29,9 +38,17 @@ def _call_provider(model_provider: Callable, pre: bool, post: bool, vp_stage: in
     return model_provider(pre_process=pre, post_process=post)
 
 
-def build_model(model_provider: Callable, args: argparse.Namespace) -> list[DistributedDataParallel]:
+def build_model(
+    model_provider: Callable,
+    parallel: ParallelDims,
+    precision: MixedPrecisionSection,
+    distributed: DistributedSection,
+    training: TrainingSection,
+    fsdp_section: FsdpSection,
+    init: InitSection,
+) -> list[DistributedDataParallel]:
     """One model chunk per virtual stage, on the device, wrapped in megatron-core DDP (or FSDP: fsdp.py)."""
-    vpp = args.virtual_pipeline_model_parallel_size
+    vpp = parallel.vpp
     chunks = []
     for vp_stage in range(vpp) if vpp else [None]:
         if vp_stage is not None:
@@ -47,18 +64,18 @@ def build_model(model_provider: Callable, args: argparse.Namespace) -> list[Dist
         for param in chunk.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
         chunk.to(device)
-    if args.fp16 or args.bf16:
+    if precision.fp16 or precision.bf16:
         chunks = [Float16Module(chunk.config, chunk) for chunk in chunks]
     config = get_model_config(chunks[0])
-    ddp = ddp_config(args.distributed, args.precision, args.training, args.fsdp)
-    if args.fsdp.enabled:  # as Megatron-LM: FSDP in place of DDP
-        wrapped = fsdp.wrap(chunks, config, ddp, args.fsdp, device)
+    ddp = ddp_config(distributed, precision, training, fsdp_section)
+    if fsdp_section.enabled:  # as Megatron-LM: FSDP in place of DDP
+        wrapped = fsdp.wrap(chunks, config, ddp, fsdp_section, device)
     else:
         wrapped = [
             DistributedDataParallel(config=config, ddp_config=ddp, module=chunk, disable_bucketing=i > 0)
             for i, chunk in enumerate(chunks)
         ]
-    if args.data_parallel_random_init:
+    if init.data_parallel_random_init:
         for chunk in wrapped:
             chunk.broadcast_params()
     return wrapped
@@ -97,26 +114,33 @@ def build_scheduler(optimizer: Any, schedule: ScheduleSection) -> OptimizerParam
     )
 
 
-def build_optimizer(model: list, args: argparse.Namespace) -> Any:
+def build_optimizer(
+    model: list,
+    optim: OptimizerSection,
+    schedule: ScheduleSection,
+    precision: MixedPrecisionSection,
+    distributed: DistributedSection,
+    logging: LoggingSection,
+) -> Any:
     """megatron-core's optimizer with the standard overrides (the decoupled group marked
     is_decoupled_lr: megatron_npu/patches/optimizer.py)."""
-    config = optimizer_config(args.optim, args.schedule, args.precision, args.distributed, args.logging)
+    config = optimizer_config(optim, schedule, precision, distributed, logging)
     return standard_megatron_optimizer(config, model)
 
 
-def wire_model_config(model: list, optimizer: Any, timers: Any, args: argparse.Namespace) -> Any:
+def wire_model_config(model: list, optimizer: Any, timers: Any, distributed: DistributedSection) -> Any:
     """The hooks megatron-core's schedules call back into (as Megatron-LM sets them)."""
     config = get_model_config(model[0])
     config.timers = timers
     config.grad_scale_func = optimizer.scale_loss
     config.finalize_model_grads_func = finalize_model_grads
-    if args.overlap_grad_reduce:
+    if distributed.overlap_grad_reduce:
         no_sync = [chunk.no_sync for chunk in model]
         config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
-        if args.align_grad_reduce:
+        if distributed.align_grad_reduce:
             grad_sync = [chunk.start_grad_sync for chunk in model]
             config.grad_sync_func = grad_sync[0] if len(model) == 1 else grad_sync
-    if args.overlap_param_gather and args.align_param_gather:
+    if distributed.overlap_param_gather and distributed.align_param_gather:
         param_sync = [chunk.start_param_sync for chunk in model]
         config.param_sync_func = param_sync[0] if len(model) == 1 else param_sync
     return config

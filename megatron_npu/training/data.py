@@ -9,7 +9,6 @@ microbatch, in microbatch order.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import signal
 import time
@@ -26,15 +25,15 @@ from megatron_npu.training.run_state import RunState
 from megatron_npu.training.sections import DataSection, ScheduleSection
 
 
-def train_valid_test_num_samples(args: argparse.Namespace) -> list[int]:
+def train_valid_test_num_samples(schedule: ScheduleSection) -> list[int]:
     """Megatron-LM's sample counts: eval runs every eval_interval, plus once at the end."""
-    if args.train_samples:
-        train_samples = args.train_samples
+    if schedule.train_samples:
+        train_samples = schedule.train_samples
     else:
-        train_samples = sum(args.schedule.global_batch_size_at(i) for i in range(1, args.train_iters + 1))
-    eval_runs = (args.train_iters // args.eval_interval + 1) if args.train_iters else 1
-    eval_samples = eval_runs * args.eval_iters * args.global_batch_size
-    return [train_samples, eval_samples, args.eval_iters * args.global_batch_size]
+        train_samples = sum(schedule.global_batch_size_at(i) for i in range(1, schedule.train_iters + 1))
+    eval_runs = (schedule.train_iters // schedule.eval_interval + 1) if schedule.train_iters else 1
+    eval_samples = eval_runs * schedule.eval_iters * schedule.global_batch_size
+    return [train_samples, eval_samples, schedule.eval_iters * schedule.global_batch_size]
 
 
 def is_dataset_built_on_rank() -> bool:
@@ -69,10 +68,10 @@ def _list(paths: tuple[str, ...] | None) -> list[str] | None:
     return None if paths is None else list(paths)
 
 
-def build_datasets(args: argparse.Namespace, tokenizer: object, num_samples: list[int]) -> list:
+def build_datasets(data: DataSection, seed: int, tokenizer: object, num_samples: list[int]) -> list:
     """(train, valid, test) datasets; called on every rank (the builder synchronises)."""
-    config = gpt_dataset_config(args.data, args.init.seed, tokenizer)
-    dataset_cls = MockGPTDataset if args.mock_data else GPTDataset
+    config = gpt_dataset_config(data, seed, tokenizer)
+    dataset_cls = MockGPTDataset if data.mock_data else GPTDataset
     return BlendedMegatronDatasetBuilder(dataset_cls, num_samples, is_dataset_built_on_rank, config).build()
 
 
@@ -196,15 +195,20 @@ def chunk_reads_data(vp_stage: int | None) -> bool:
 
 
 def build_iterators(
-    datasets: list, num_chunks: int, args: argparse.Namespace, state: RunState
+    datasets: list,
+    num_chunks: int,
+    state: RunState,
+    *,
+    data: DataSection,
+    schedule: ScheduleSection,
+    seed: int,
+    dp: int,
 ) -> tuple[list[Iterator | None], list[Iterator | None], list[Iterator | None]]:
     """Per-chunk (train, valid, test) iterators, each from the run's position in its stream;
     None where the chunk reads no data."""
     train_ds, valid_ds, test_ds = datasets
     train, valid, test = [], [], []
-    loader = functools.partial(
-        build_loader, data=args.data, schedule=args.schedule, seed=args.init.seed, dp=args.parallel.dp
-    )
+    loader = functools.partial(build_loader, data=data, schedule=schedule, seed=seed, dp=dp)
     for chunk in range(num_chunks):
         vp_stage = chunk if num_chunks > 1 else None
         reads = chunk_reads_data(vp_stage)

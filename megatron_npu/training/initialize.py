@@ -6,12 +6,13 @@ already exited on every rank before any process group exists.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import socket
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,9 +21,13 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
 
 from megatron_npu.accelerator import get_accelerator
+from megatron_npu.layout.parallel_dims import ParallelDims
+from megatron_npu.training.sections import DistributedSection, ScheduleSection
 
 
-def initialize_distributed(args: argparse.Namespace) -> None:
+def initialize_distributed(distributed: DistributedSection, parallel: ParallelDims, schedule: ScheduleSection) -> None:
+    """The default process group (--distributed-backend through the accelerator), megatron-core's
+    model-parallel groups for the validated layout, and the micro-batch calculator."""
     accelerator = get_accelerator()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if accelerator.device_count() > 0:
@@ -30,23 +35,23 @@ def initialize_distributed(args: argparse.Namespace) -> None:
     if not dist.is_initialized():
         dist.init_process_group(
             # --distributed-backend through the accelerator (parse_args refused what it cannot run)
-            backend=accelerator.collective_backend_for(getattr(args, "distributed_backend", None)),
-            timeout=timedelta(minutes=args.distributed_timeout_minutes),
+            backend=accelerator.collective_backend_for(distributed.distributed_backend),
+            timeout=timedelta(minutes=distributed.distributed_timeout_minutes),
         )
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
-        context_parallel_size=args.context_parallel_size,
-        hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes,
-        expert_model_parallel_size=args.expert_model_parallel_size,
-        expert_tensor_parallel_size=args.expert_tensor_parallel_size,
-        distributed_timeout_minutes=args.distributed_timeout_minutes,
+        tensor_model_parallel_size=parallel.tp,
+        pipeline_model_parallel_size=parallel.pp,
+        virtual_pipeline_model_parallel_size=parallel.vpp,
+        context_parallel_size=parallel.cp,
+        hierarchical_context_parallel_sizes=distributed.hierarchical_context_parallel_sizes,
+        expert_model_parallel_size=parallel.ep,
+        expert_tensor_parallel_size=parallel.expert_tp,
+        distributed_timeout_minutes=distributed.distributed_timeout_minutes,
     )
-    # args.rank and args.world_size were read from torchrun's environment at validation: the same values
-    rampup = [int(value) for value in args.rampup_batch_size] if args.rampup_batch_size else None
-    first_batch = args.schedule.global_batch_size_at(1)
-    init_num_microbatches_calculator(args.rank, rampup, first_batch, args.micro_batch_size, args.parallel.dp)
+    # the process group's rank: torchrun's $RANK, which validation read as args.rank
+    rampup = [int(value) for value in schedule.rampup_batch_size] if schedule.rampup_batch_size else None
+    first_batch = schedule.global_batch_size_at(1)
+    init_num_microbatches_calculator(dist.get_rank(), rampup, first_batch, schedule.micro_batch_size, parallel.dp)
 
 
 def set_random_seed(seed: int, data_parallel_random_init: bool = False) -> None:
@@ -88,14 +93,15 @@ def layout_record() -> dict:
     return {"world_size": dist.get_world_size(), "ranks": everyone, "groups": {k: sorted(v) for k, v in groups.items()}}
 
 
-def write_run_files(args: argparse.Namespace) -> None:
-    """LOG_DIR/layout.json (the groups as built) and LOG_DIR/args.json (every argument)."""
-    if not args.log_dir:  # the same on every rank: none of them gathers
+def write_run_files(log_dir: str | None, run_flags: Mapping[str, Any]) -> None:
+    """LOG_DIR/layout.json (the groups as built) and LOG_DIR/args.json: ``run_flags``, every flag and
+    derived value by Megatron-LM's name (``Settings.values()``), the record perf-report rebuilds a run from."""
+    if not log_dir:  # the same on every rank: none of them gathers
         return
     record = layout_record()
     if dist.get_rank() == 0:
-        os.makedirs(args.log_dir, exist_ok=True)
-        with open(os.path.join(args.log_dir, "layout.json"), "w") as f:
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, "layout.json"), "w") as f:
             json.dump(record, f, indent=1)
-        with open(os.path.join(args.log_dir, "args.json"), "w") as f:
-            json.dump(args.values(), f, indent=1, default=str)
+        with open(os.path.join(log_dir, "args.json"), "w") as f:
+            json.dump(run_flags, f, indent=1, default=str)

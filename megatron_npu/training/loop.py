@@ -28,11 +28,11 @@ from megatron_npu.training.exit_policy import sum_over_world
 from megatron_npu.training.faults import NonFiniteValue
 from megatron_npu.training.global_vars import print_rank_0, set_global
 from megatron_npu.training.initialize import initialize_distributed, set_random_seed, write_run_files
-from megatron_npu.training.reporting import finish_wandb
+from megatron_npu.training.reporting import MetricsWriter, finish_wandb
 from megatron_npu.training.run_state import RunState
 from megatron_npu.training.settings import Settings
 from megatron_npu.training.timing import build_timers
-from megatron_npu.training.trainer import Trainer, metrics_writer
+from megatron_npu.training.trainer import Trainer
 
 
 def report_config_error(error: Exception) -> int:
@@ -89,7 +89,7 @@ def pretrain(
     set_global("args", args)
     set_global("tokenizer", tokenizer)
     print_start_warnings(args)
-    initialize_distributed(args)
+    initialize_distributed(args.distributed, args.parallel, args.schedule)
     state = RunState()
     try:
         return _run(args, state, model_provider, forward_step_func, train_valid_test_dataset_provider)
@@ -107,15 +107,17 @@ def _run(
     forward_step_func: Callable,
     train_valid_test_dataset_provider: Callable,
 ) -> int:
-    """Everything after the process groups exist; returns the exit status."""
-    set_random_seed(args.seed, args.data_parallel_random_init)
-    timers = build_timers(args.timing_log_level, args.timing_log_option)
+    """Everything after the process groups exist, each part built from its own sections; returns the exit status."""
+    set_random_seed(args.init.seed, args.init.data_parallel_random_init)
+    timers = build_timers(args.logging.timing_log_level, args.logging.timing_log_option)
     set_global("timers", timers)
-    write_run_files(args)
-    model = build_model(model_provider, args)
-    optimizer = build_optimizer(model, args)
+    write_run_files(args.logging.log_dir, args.values())  # args.json: every flag's value, as Megatron-LM names it
+    model = build_model(
+        model_provider, args.parallel, args.precision, args.distributed, args.training, args.fsdp, args.init
+    )
+    optimizer = build_optimizer(model, args.optim, args.schedule, args.precision, args.distributed, args.logging)
     scheduler = build_scheduler(optimizer, args.schedule)
-    wire_model_config(model, optimizer, timers, args)
+    wire_model_config(model, optimizer, timers, args.distributed)
     trainer = Trainer(args, state, model, optimizer, scheduler, forward_step_func, timers)
     trainer.checkpointer.clean_unfinished()
     try:
@@ -123,36 +125,38 @@ def _run(
     except ConfigError as error:
         return report_config_error(error)
 
-    datasets = train_valid_test_dataset_provider(train_valid_test_num_samples(args))
-    train_iterators, valid_iterators, test_iterators = build_iterators(datasets, len(model), args, state)
+    schedule, dims = args.schedule, args.parallel
+    datasets = train_valid_test_dataset_provider(train_valid_test_num_samples(schedule))
+    train_iterators, valid_iterators, test_iterators = build_iterators(
+        datasets, len(model), state, data=args.data, schedule=schedule, seed=args.init.seed, dp=dims.dp
+    )
     # Every rank evaluates or none does: ranks whose chunks read no data hold None
     # iterators but still take part in the pipeline.
-    has_validation = args.eval_iters > 0 and _anywhere(valid_iterators)
-    has_test = args.eval_iters > 0 and _anywhere(test_iterators)
-    dims = args.parallel
+    has_validation = schedule.eval_iters > 0 and _anywhere(valid_iterators)
+    has_test = schedule.eval_iters > 0 and _anywhere(test_iterators)
     print_rank_0(
         f"training: {sum(p.numel() for p in model[0].parameters())} parameters on rank 0, "
-        f"{args.world_size} ranks = TP {dims.tp} x PP {dims.pp} x DP {dims.dp}"
+        f"{dims.world_size} ranks = TP {dims.tp} x PP {dims.pp} x DP {dims.dp}"
     )
-    if not args.skip_train:
+    if not schedule.skip_train:
         trainer.train(train_iterators, valid_iterators if has_validation else None)
     if state.exit_reason:  # as Megatron-LM: an exit condition ends the job once the checkpoint is saved
         return _teardown()
     final_evaluation(
-        args,
         trainer.validator,
-        valid_iterators if has_validation and not args.skip_train else None,
+        valid_iterators if has_validation and not schedule.skip_train else None,
         test_iterators if has_test else None,
+        trainer.new_writer(),
     )
     return _teardown()
 
 
 def final_evaluation(
-    args: Settings, validator: Validator, valid_iterators: list | None, test_iterators: list | None
+    validator: Validator, valid_iterators: list | None, test_iterators: list | None, metrics: MetricsWriter
 ) -> None:
-    """After training: the validation split once more, and the test split once (as Megatron-LM)."""
+    """After training: the validation split once more, and the test split once (as Megatron-LM), into
+    ``metrics`` (closed at the end)."""
     iteration = validator.state.iteration
-    metrics = metrics_writer(args)
     if valid_iterators is not None:
         validator.run(valid_iterators, f"at iteration {iteration} on validation set", metrics)
     if test_iterators is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -201,11 +201,12 @@ def dropout_mask_bytes(dtype: torch.dtype, device: torch.device | str) -> float:
     return tracker.peak / x.numel()
 
 
-def reported_step(step: Any, iterators: list, args: Any) -> Any:
-    """``step(iterators)`` (a TrainStep); with ``--memory-report`` the first step this process runs is
-    measured and ``LOG_DIR/memory/rankNNNNN.json`` written, with the memory model's prediction for
-    this rank beside it (megatron_npu.layout.memory)."""
-    if not getattr(args, "memory_report", False) or getattr(step, "_memory_reported", False) or not args.log_dir:
+def reported_step(step: Any, iterators: list, report_dir: str | None, run_flags: Mapping[str, Any]) -> Any:
+    """``step(iterators)`` (a TrainStep); with ``--memory-report`` (``report_dir``: LOG_DIR, else None)
+    the first step this process runs is measured and ``LOG_DIR/memory/rankNNNNN.json`` written, with
+    the memory model's prediction for this rank beside it (megatron_npu.layout.memory, which reads the
+    run's flags by Megatron-LM's names, as in args.json: ``run_flags``)."""
+    if not report_dir or getattr(step, "_memory_reported", False):
         return step(iterators)
     import torch.distributed as dist
 
@@ -226,9 +227,9 @@ def reported_step(step: Any, iterators: list, args: Any) -> Any:
     try:
         param = next(step.model[0].parameters())
         mask = dropout_mask_bytes(param.dtype, param.device)
-        report["predicted"] = predict_from_args(args, rank, dist.get_world_size(), mask).to_json()
+        report["predicted"] = predict_from_args(run_flags, rank, dist.get_world_size(), mask).to_json()
     except ValueError as error:  # a layout the model does not cover: the measurement stands alone
         report["predicted_error"] = str(error)
     report["rank"] = rank
-    write_report(args.log_dir, rank, report)
+    write_report(report_dir, rank, report)
     return result

@@ -5,8 +5,9 @@ only; what the loop advances is ``RunState``."""
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from megatron_npu.training.metrics import StepRecord, TrainingMetrics
 from megatron_npu.training.profiler import StepProfiler
 from megatron_npu.training.reporting import MetricsWriter, ModelFlops
 from megatron_npu.training.run_state import RunState
+from megatron_npu.training.sections import LoggingSection
 from megatron_npu.training.settings import Settings
 from megatron_npu.training.step import TrainStep
 
@@ -45,7 +47,9 @@ class Trainer:
     ) -> None:
         # the composition root: each component gets its own sections; the flat settings go on only
         # where Megatron-LM's format needs all of them (the checkpoint's args, wandb's config)
-        self.args, self.state = settings, state
+        self.state, self.schedule = state, settings.schedule
+        # every flag's value by Megatron-LM's name: wandb's config, the memory model's input (args.json's record)
+        self.run_flags = settings.values()
         self.faults = FaultPlan.from_env()
         self.step = TrainStep(
             settings.data,
@@ -81,12 +85,29 @@ class Trainer:
         self.profiler = StepProfiler(settings.profiling, settings.logging.log_dir)
         self.garbage_collection = GarbageCollection(settings.training)
         self.train_iters = settings.schedule.total_iterations()
+        # the per-step records (training_metrics), built when training starts: their writer opens the sinks then
+        self.new_writer = functools.partial(metrics_writer, settings.logging, settings.checkpoint.save, self.run_flags)
+        self.new_metrics = functools.partial(
+            TrainingMetrics,
+            settings.logging,
+            settings.model,
+            settings.parallel,
+            state,
+            optimizer,
+            timers,
+            self.train_iters,
+            flops=ModelFlops(settings.model, settings.data.seq_length, settings.padded_vocab_size),
+            params_dtype=params_dtype(settings.precision),
+            moe=settings.moe if settings.moe.num_experts is not None else None,
+        )
+        # --memory-report: where the first step's measurement goes (None: not measured)
+        self.memory_report_dir = settings.logging.log_dir if settings.profiling.memory_report else None
 
     def train(self, train_iterators: list, valid_iterators: list | None) -> None:
         """Steps until --train-iters (or an exit condition), with evaluations and saves between them."""
         state = self.state
         metrics = self.training_metrics()
-        with ExitPolicy(self.args.schedule) as exit_policy, self.garbage_collection as collector:
+        with ExitPolicy(self.schedule) as exit_policy, self.garbage_collection as collector:
             while state.iteration < self.train_iters:
                 state.iteration += 1
                 metrics.write(self.train_one_step(train_iterators, metrics))
@@ -108,21 +129,7 @@ class Trainer:
 
     def training_metrics(self) -> TrainingMetrics:
         """The per-step records' builder and its sinks."""
-        settings = self.args
-        moe = settings.moe if settings.moe.num_experts is not None else None
-        return TrainingMetrics(
-            settings.logging,
-            settings.model,
-            settings.parallel,
-            self.state,
-            self.step.optimizer,
-            self.step.timers,
-            self.train_iters,
-            writer=metrics_writer(settings),
-            flops=ModelFlops(settings.model, settings.data.seq_length, settings.padded_vocab_size),
-            params_dtype=params_dtype(settings.precision),
-            moe=moe,
-        )
+        return self.new_metrics(writer=self.new_writer())
 
     def train_one_step(self, iterators: list, metrics: TrainingMetrics) -> StepRecord:
         """Iteration ``state.iteration``: its batch size, the step (timed, maybe profiled), its record."""
@@ -133,14 +140,16 @@ class Trainer:
         self.profiler.before(iteration)
         accelerator.synchronize()
         started = time.perf_counter()
-        result = reported_step(self.step, iterators, self.args)  # --memory-report: the first step measured
+        # --memory-report: the first step measured
+        result = reported_step(self.step, iterators, self.memory_report_dir, self.run_flags)
         accelerator.synchronize()
         elapsed = time.perf_counter() - started
         self.profiler.after(iteration)
         return metrics.account(result, batch_size, elapsed)
 
 
-def metrics_writer(settings: Settings) -> MetricsWriter:
-    """metrics.jsonl / TensorBoard / wandb on the last rank (every flag's value is wandb's config)."""
+def metrics_writer(logging: LoggingSection, save: str | None, run_flags: Mapping[str, Any]) -> MetricsWriter:
+    """metrics.jsonl / TensorBoard / wandb on the last rank (``save``: wandb's default directory;
+    ``run_flags``: every flag's value, wandb's config)."""
     is_last_rank = dist.get_rank() == dist.get_world_size() - 1
-    return MetricsWriter(settings.logging, is_last_rank, save=settings.checkpoint.save, run_flags=settings.values())
+    return MetricsWriter(logging, is_last_rank, save=save, run_flags=run_flags)
