@@ -12,13 +12,10 @@ Both ways stream by piece (the embedding, one layer, the output): memory holds o
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -34,7 +31,6 @@ from megatron_npu.spec import gpt_model
 from megatron_npu.training.arguments import parse_args
 from megatron_npu.training.checkpoint_format import CheckpointedRun
 from megatron_npu.training.checkpointing import checkpoint_dir, save_checkpoint
-from megatron_npu.training.initialize import initialize_distributed
 from megatron_npu.training.run_state import RunState
 from megatron_npu.training.sections import (
     CheckpointSection,
@@ -47,7 +43,6 @@ from megatron_npu.training.sections import (
     add_section_arguments,
 )
 
-PRETRAIN_GPT = Path(__file__).resolve().parents[2] / "pretrain_gpt.py"
 Progress = Callable[[str], None]
 
 
@@ -57,8 +52,8 @@ PARAMS_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # else float32
 
 
 @dataclass(frozen=True)
-class ModelSettings:
-    """What a model is built from (``training.config.ModelSettings``): its sections and its layout."""
+class ModelSections:
+    """What a model is built from, as ``training.config.ModelSettings`` asks: its sections and its layout."""
 
     model: ModelSection
     moe: MoeSection
@@ -69,7 +64,7 @@ class ModelSettings:
     parallel: ParallelDims
 
 
-def model_settings(spec: ModelSpec) -> ModelSettings:
+def model_sections(spec: ModelSpec) -> ModelSections:
     """The sections of ``spec``'s model at TP1 x PP1: its printed flags read by the sections' own
     argument groups (no trainer start-up, no other flag), with what validation derives from them."""
     model, moe, precision = _flag_sections(spec.flags())
@@ -83,7 +78,7 @@ def model_settings(spec: ModelSpec) -> ModelSettings:
         bias_gelu_fusion=model.add_bias_linear,  # validation: no bias, no bias-GeLU fusion
     )
     layout = ParallelDims(world_size=1, num_layers=model.num_layers, num_experts=moe.num_experts or 0)
-    return ModelSettings(
+    return ModelSections(
         model=model,
         moe=moe,
         precision=precision,
@@ -105,11 +100,12 @@ def _flag_sections(flags: list[str]) -> tuple[ModelSection, MoeSection, MixedPre
     return model, moe, precision
 
 
-def trainer_args(
+def args_record(
     spec: ModelSpec, *, tp: int = 1, pp: int = 1, vpp: int | None = None, ep: int = 1, extra: tuple[str, ...] = ()
 ) -> argparse.Namespace:
-    """pretrain_gpt.py's arguments for ``spec`` under a layout, as its parser derives them: the
-    Megatron-LM ``args`` a converted checkpoint records (its loader checks them against the run's)."""
+    """The Megatron-LM ``args`` a converted checkpoint records (its loader checks them against the run's):
+    pretrain_gpt.py's arguments for ``spec`` under a layout, as its parser derives them. As Megatron-LM's own
+    converters do, a whole parsed namespace: the record is every flag, not the model's sections alone."""
     argv = [
         *spec.flags(),
         *layout_flags(spec, tp=tp, pp=pp, vpp=vpp, ep=ep),
@@ -135,31 +131,6 @@ def trainer_args(
     return args
 
 
-def model_provider() -> Callable[..., torch.nn.Module]:
-    """pretrain_gpt.py's own builder (it reads ``get_args()``): what tests/fixtures/convert_logits.py loads
-    a converted checkpoint into, as the trainer does."""
-    module_spec = importlib.util.spec_from_file_location("pretrain_gpt", PRETRAIN_GPT)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.model_provider
-
-
-def single_process(args: argparse.Namespace) -> None:
-    """The trainer's start-up in a world of one (the accelerator's backend; tests/fixtures/convert_logits.py)."""
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    initialize_distributed(args.distributed, args.parallel, args.schedule)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def world_of_one() -> None:
     """What building a model needs of process groups. megatron-core has no single-process mode: its
     layers read their tensor / pipeline / expert group sizes and ranks from parallel_state at
@@ -176,7 +147,7 @@ def meta_model(spec: ModelSpec) -> torch.nn.Module:
     sharded state dict (global keys and chunks) without memory for its weights."""
     world_of_one()
     with torch.device("meta"):
-        return gpt_model(model_settings(spec), spec.padded_vocab_size)
+        return gpt_model(model_sections(spec), spec.padded_vocab_size)
 
 
 def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -250,7 +221,7 @@ def hf_to_megatron(spec: ModelSpec, reader: HFReader, out_dir: str, progress: Pr
         if n < len(pieces):
             staging.save({"model": filled})
         else:
-            args = trainer_args(spec)  # the checkpoint's Megatron-LM ``args`` record
+            args = args_record(spec)
             args.save, args.no_save_optim, args.no_save_rng = out_dir, True, True
             checkpoint = args.checkpoint.replace(save=out_dir, no_save_optim=True, no_save_rng=True)
             run = CheckpointedRun.from_sections(

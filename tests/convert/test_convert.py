@@ -311,6 +311,11 @@ def test_logits_equal_transformers_under_every_layout(models: dict) -> None:
     assert seen == wanted
     worst = max(results, key=lambda r: r["rel"])
     assert worst["rel"] < 1e-5, worst
+    # one checkpoint, both expert modules: megatron-core's SequentialMLP at TP1, --moe-grouped-gemm's elsewhere
+    experts = [(r["model"], r["layout"]["tp"], r["experts"]) for r in results if r["model"] in MOE]
+    assert experts and all(e == (["SequentialMLP"] if tp == 1 else ["GroupedSequentialMLP"]) for _, tp, e in experts), (
+        experts
+    )
 
 
 def printed_command(output: str) -> list[str]:
@@ -526,14 +531,14 @@ def test_linear_rope_scaling_gives_transformers_angles() -> None:
     scaling, up to the original length, by plain RoPE's."""
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
-    from megatron_npu.convert.megatron_io import trainer_args
+    from megatron_npu.convert.megatron_io import args_record
 
     config = transformers.LlamaConfig(
         **COMMON, num_attention_heads=4, rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}
     )
     spec = model_spec(config.to_dict())
     assert "--rotary-seq-len-interpolation-factor 4" in " ".join(spec.flags())
-    args = trainer_args(spec)  # the flags as pretrain_gpt.py's parser reads them
+    args = args_record(spec)  # the flags as pretrain_gpt.py's parser reads them
     megatron = RotaryEmbedding(
         kv_channels=spec.kv_channels,
         rotary_percent=1.0,
@@ -549,7 +554,7 @@ def test_linear_rope_scaling_gives_transformers_angles() -> None:
     dynamic = transformers.LlamaConfig(
         **COMMON, num_attention_heads=4, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}
     )
-    args = trainer_args(model_spec(dynamic.to_dict()))
+    args = args_record(model_spec(dynamic.to_dict()))
     assert args.rotary_seq_len_interpolation_factor is None and not args.use_rope_scaling
     plain = RotaryEmbedding(
         kv_channels=spec.kv_channels, rotary_percent=1.0, rotary_base=args.rotary_base, use_cpu_initialization=True
@@ -606,7 +611,7 @@ def test_the_model_convert_builds_is_the_one_pretrain_gpt_builds_from_the_printe
     import dataclasses
     import functools
 
-    from megatron_npu.convert.megatron_io import model_settings, trainer_args
+    from megatron_npu.convert.megatron_io import args_record, model_sections
     from megatron_npu.training.config import transformer_config
 
     def fields(config: object) -> dict:
@@ -615,7 +620,7 @@ def test_the_model_convert_builds_is_the_one_pretrain_gpt_builds_from_the_printe
 
     for family in CONFIGS:
         spec = model_spec(_config(family), with_mtp=family.startswith("deepseek"))
-        built, parsed = transformer_config(model_settings(spec)), transformer_config(trainer_args(spec))
+        built, parsed = transformer_config(model_sections(spec)), transformer_config(args_record(spec))
         assert type(built) is type(parsed) and fields(built) == fields(parsed), family
         assert {k: v for k, v in vars(built).items() if k.startswith("yarn_")} == {
             k: v for k, v in vars(parsed).items() if k.startswith("yarn_")
