@@ -45,3 +45,14 @@ def missing_line(missing: dict[str, str]) -> str:
         by_command.setdefault(how, []).append(name)
     parts = [f"{', '.join(names)} ({how})" for how, names in by_command.items()]
     return "conformance: test packages not installed, their tests will fail as harness limits: " + "; ".join(parts)
+
+
+def missing_tools_line(missing: list[str], tag: str) -> str:
+    """One line naming the Megatron-LM files the shared extracts lack and how to supply them ('' when none is)."""
+    if not missing:
+        return ""
+    return (
+        f"conformance: Megatron-LM files not in the shared extracts, their tests will fail as harness limits: "
+        f"{', '.join(missing)} (--megatron-lm PATH or CONFORMANCE_MEGATRON_LM=PATH: a Megatron-LM {tag} "
+        f"checkout or git clone)"
+    )

@@ -1,6 +1,6 @@
 """Run megatron-core's own unit tests on the patch layer and write the conformance table.
 
-    python -m tests.conformance.run [FOLDER ...] [--nproc 8] [--timeout 300] [--out DIR]
+    python -m tests.conformance.run [FOLDER ...] [--nproc 8] [--timeout 300] [--out DIR] [--megatron-lm PATH]
 
 Each FOLDER (relative to ``tests/unit_tests``, a file works too) runs as upstream runs it:
 ``torchrun --nproc_per_node 8 -m pytest -m "not flaky"`` from the suite's root (upstream's CPU-less "lts"
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from .environment import missing_line, missing_test_packages
+from .environment import missing_line, missing_test_packages, missing_tools_line
 from .results import (
     FolderReport,
     TestResult,
@@ -34,7 +34,7 @@ from .results import (
     table,
     target_capabilities,
 )
-from .suite import REPO, WORKDIR, unpack
+from .suite import REPO, TAG, WORKDIR, CheckoutError, megatron_lm_files, missing_tools, unpack
 
 PLUGIN_DIR = Path(__file__).resolve().parent
 #: Upstream's CPU-less ("lts") environment deselects ``flaky`` only (tests/unit_tests/run_ci_test.sh); ``flaky_in_dev``
@@ -227,7 +227,26 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="keep the attempts already in --out, run the rest")
     parser.add_argument("--rejudge", action="store_true", help="judge the records already in --out, run nothing")
     parser.add_argument("--out", type=Path, default=WORKDIR / "results", help="records, logs, table.md")
+    parser.add_argument(
+        "--megatron-lm",
+        type=Path,
+        default=os.environ.get("CONFORMANCE_MEGATRON_LM") or None,
+        help=f"a Megatron-LM {TAG} work tree or git directory: the files the shared extracts lack come from it "
+        "(default: $CONFORMANCE_MEGATRON_LM)",
+    )
     return parser.parse_args(argv)
+
+
+def _added_files(args: argparse.Namespace) -> dict[str, bytes]:
+    """Megatron-LM's files the extracts lack, from --megatron-lm; without it their tests fail, named at the start."""
+    missing = missing_tools()
+    if not args.megatron_lm:
+        if line := missing_tools_line(missing, TAG):
+            print(line, flush=True)
+        return {}
+    added, where = megatron_lm_files(args.megatron_lm, missing)
+    print(f"conformance: added {', '.join(added) or 'nothing'} {where}", flush=True)
+    return added
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,13 +254,18 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MEGATRON_NPU_DEVICE", "cpu")  # the harness target unless told otherwise
     if not args.rejudge and (line := missing_line(missing_test_packages())):
         print(line, flush=True)
+    try:
+        added = {} if args.rejudge else _added_files(args)
+    except CheckoutError as error:
+        print(f"conformance: --megatron-lm: {error}", file=sys.stderr)
+        return 2
     reports = []
     for folder in args.folders:
         if args.rejudge:
             reports.append(recorded_folder(folder, args.out))
             continue
         print(f"running {folder} ...", flush=True)
-        reports.append(run_folder(unpack(), folder, args))
+        reports.append(run_folder(unpack(added=added), folder, args))
     verdict = judge(reports, target_capabilities())
     text = table(reports, verdict)
     text += f"\nWhole run: {sum(r.seconds for r in reports):.0f} s over {len(reports)} folders\n"

@@ -6,6 +6,7 @@ collected test accounted for (27 and 65). The other folders: python -m tests.con
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -14,10 +15,22 @@ import tarfile
 
 import pytest
 
-from .environment import TEST_PACKAGES, missing_line, missing_test_packages
+from .environment import TEST_PACKAGES, missing_line, missing_test_packages, missing_tools_line
 from .expected import EXPECTED_FAILURES, TARGET_LIMITS, ExpectedFailure
 from .results import FolderReport, collection_of, judge, merge, table
-from .suite import CONFTEST, CONFTEST_EDITS, REPO, TARBALL, edit_conftest
+from .suite import (
+    CONFTEST,
+    CONFTEST_EDITS,
+    LM_TOOLS,
+    REPO,
+    TAG,
+    TARBALL,
+    CheckoutError,
+    edit_conftest,
+    megatron_lm_files,
+    missing_tools,
+    unpack,
+)
 
 CI_FOLDERS = ("tensor_parallel", "pipeline_parallel/test_schedules.py")
 
@@ -147,6 +160,67 @@ def test_the_conftest_edits_apply_to_the_suites_conftest(tmp_path):
     assert all(new in text for old, new in CONFTEST_EDITS if new)
 
 
+def _tarball(path, files: dict[str, str]):
+    with tarfile.open(path, "w:gz") as archive:
+        for name, text in files.items():
+            member = tarfile.TarInfo(name)
+            member.size = len(text.encode())
+            archive.addfile(member, io.BytesIO(text.encode()))
+    return path
+
+
+def _git(repo, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True)
+
+
+def test_megatron_lm_files_the_extracts_lack_are_added_beside_them_never_replacing_theirs(tmp_path):
+    """data/ and test_tokenizer.py import Megatron-LM's tools/merge_datasets.py, which the shared extract lacks."""
+    suite = _tarball(tmp_path / "suite.tar.gz", {CONFTEST: "".join(old for old, _ in CONFTEST_EDITS)})
+    training = _tarball(tmp_path / "training.tar.gz", {"tools/preprocess_data.py": "the extract's"})
+    assert missing_tools(training) == list(LM_TOOLS) and "tools/merge_datasets.py" in missing_tools()
+    checkout = tmp_path / "Megatron-LM"  # a copy, not a git work tree: taken, and said to be unchecked
+    (checkout / "tools").mkdir(parents=True)
+    (checkout / "tools/merge_datasets.py").write_text("merge")
+    files, where = megatron_lm_files(checkout, ["tools/merge_datasets.py"])
+    assert files == {"tools/merge_datasets.py": b"merge"} and "not checked" in where
+    with pytest.raises(CheckoutError, match="no tools/build_sequences_per_dataset.py, tools/preprocess_mmdata.py;"):
+        megatron_lm_files(checkout, list(LM_TOOLS))
+
+    work = tmp_path / "work"
+    plain = unpack(suite, work, training)
+    added = unpack(suite, work, training, added=files)
+    assert (added / "tools/merge_datasets.py").read_bytes() == b"merge" and not (
+        plain / "tools/merge_datasets.py"
+    ).exists()
+    assert unpack(suite, work, training, added=files) == added  # unpacked once per content
+    other = unpack(suite, work, training, added={"tools/merge_datasets.py": b"other"})
+    assert other != added and (other / "tools/merge_datasets.py").read_bytes() == b"other"
+    assert (added / "tools/merge_datasets.py").read_bytes() == b"merge"  # a run beside keeps its tree
+    with pytest.raises(FileExistsError):
+        unpack(suite, work, training, added={"tools/preprocess_data.py": b"not the extract's"})
+
+
+@pytest.mark.launch  # git, ~0.2 s
+def test_a_git_checkout_gives_its_tags_files_and_a_work_tree_of_another_commit_is_refused(tmp_path):
+    checkout = tmp_path / "Megatron-LM"
+    (checkout / "tools").mkdir(parents=True)
+    (checkout / "tools/merge_datasets.py").write_text("at the tag")
+    wanted = ["tools/merge_datasets.py"]
+    with pytest.raises(CheckoutError, match="cannot read tools/merge_datasets.py"):
+        megatron_lm_files(tmp_path, wanted)  # neither a work tree nor a git directory
+    _git(checkout, "init", "-q")
+    _git(checkout, "add", ".")
+    _git(checkout, "commit", "-qm", "tagged")
+    _git(checkout, "tag", TAG)
+    assert megatron_lm_files(checkout, wanted)[0] == {"tools/merge_datasets.py": b"at the tag"}
+    (checkout / "tools/merge_datasets.py").write_text("after the tag")
+    _git(checkout, "commit", "-qam", "later")
+    with pytest.raises(CheckoutError, match=f"tools/merge_datasets.py not as at {TAG}"):
+        megatron_lm_files(checkout, wanted)
+    files, where = megatron_lm_files(checkout / ".git", wanted)  # a git directory: read at the tag
+    assert files == {"tools/merge_datasets.py": b"at the tag"} and f"at {TAG}" in where
+
+
 def test_missing_test_packages_are_named_in_one_line_with_their_install_commands():
     missing = missing_test_packages(find=lambda name: None if name != "fastapi" else object())
     assert set(missing) == set(TEST_PACKAGES) - {"fastapi"}
@@ -154,6 +228,9 @@ def test_missing_test_packages_are_named_in_one_line_with_their_install_commands
     assert "\n" not in line and "emerging_optimizers (pip install --no-deps git+" in line
     assert "uvicorn (pip install -e '.[conformance]')" in line
     assert missing_line({}) == ""
+    tools = missing_tools_line(["tools/merge_datasets.py"], TAG)
+    assert "\n" not in tools and "tools/merge_datasets.py" in tools and "--megatron-lm PATH" in tools
+    assert missing_tools_line([], TAG) == ""
 
 
 @pytest.mark.launch
