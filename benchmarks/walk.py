@@ -40,8 +40,9 @@ TINY = (
 ).split()
 
 
-class FirstStep(Exception):
-    """Raised from the profiler at the first training step: the walk ends there."""
+class FirstStep(BaseException):
+    """Raised from the profiler at the first training step: the walk ends there. Not an ``Exception``: pretrain()
+    reports those as the run's failure and ends the process (``exit_now``), before the walk could be printed."""
 
 
 DUNDERS_READ = ("__init__", "__call__")
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.setprofile(walk)
     try:
         runpy.run_path(str(PRETRAIN), run_name="__main__")
-    except (FirstStep, SystemExit):  # the trainer reports the interrupted step and exits
+    except FirstStep:
         pass
     finally:
         sys.setprofile(None)
