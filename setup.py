@@ -38,7 +38,7 @@ setup(
         # megatron-core's own unit tests (tests/conformance): the packages its suite imports that this project does
         # not need (tests/conformance/environment.py says which test needs each; the git-only emerging_optimizers
         # is named there). pytest-asyncio is a pytest plugin: install this extra in a venv of its own.
-        "conformance": ["fastapi", "uvicorn", "mock", "msgpack", "pytest-asyncio", "pyzmq", "flask-restful"],
+        "conformance": ["fastapi", "uvicorn", "mock", "msgpack", "pytest-asyncio", "pyzmq", "flask-restful", "nvtx"],
         "test": [
             "pytest>=7",
             "pytest-mock",

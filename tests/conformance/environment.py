@@ -26,6 +26,9 @@ TEST_PACKAGES = {
     "zmq": EXTRA,
     # Megatron-LM's text-generation server (top-level test_inference.py is skipped at import without it)
     "flask_restful": EXTRA,
+    # NVIDIA's NVTX annotations: megatron.core.utils imports it if present; test_utils.py::test_nvtx_decorator needs it
+    # (nvtx.annotate is a no-op without a profiler attached, so it runs on any host)
+    "nvtx": EXTRA,
     "fastapi": EXTRA,
     "uvicorn": EXTRA,
 }

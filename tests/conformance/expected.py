@@ -417,7 +417,7 @@ TARGET_LIMITS: tuple[ExpectedFailure, ...] = (
         _NOT_IS_CUDA,
     ),
     _limit(
-        f"{_INF}/engines/test_static_engine.py::TestStaticInferenceEngine::test_[gp]*",
+        f"{_INF}/engines/test_static_engine.py::TestStaticInferenceEngine::test_[gps]*",  # generate, parallel, streaming
         "runs_on_host",
         "TextGenerationController draws from torch.Generator(device=torch.cuda.current_device()): a bare index names "
         "torch's current accelerator, which on npu is the NPU (torch_npu registers it) and on the host target there "
