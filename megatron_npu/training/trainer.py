@@ -78,7 +78,7 @@ class Trainer:
             scheduler,
             self.faults,
             overlap_param_gather=settings.distributed.overlap_param_gather,
-            args_record=settings.values(),
+            args_record=self.run_flags,
         )
         self.validator = Validator(settings.schedule, settings.parallel, state, self.step)
         self.batch_schedule = BatchSizeSchedule(settings.schedule, settings.parallel, state, settings.rank)
