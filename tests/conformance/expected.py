@@ -9,12 +9,19 @@ One more kind is kept apart, in TARGET_LIMITS: a test that asks for something th
 test does not have by construction, named by the accelerator capability that says so (the cpu
 target has one random generator: its device RNG is the host RNG). Such an entry is expected only
 where the running accelerator has that capability; on every other target the test must pass.
+
+And one more, in ENVIRONMENT_LIMITS: a test that needs what upstream's CI environment provides and this machine may
+lack (a Python package megatron-core imports only if present, the data set upstream's conftest downloads to /opt/data,
+Megatron-LM's tools the shared extract lacks), named by that Need. Such an entry is expected only where the judging
+machine lacks the Need (checked when judging); where it has it, the test must pass.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 CAUSES = {
@@ -23,8 +30,33 @@ CAUSES = {
     "mcore_bug": "megatron-core bug off CUDA",
     "patch": "patch-layer defect",
     "harness": "harness limit",
+    "environment": "environment limit",
 }
 LISTABLE = ("te", "cuda_only")
+#: What an environment limit needs: a Python package (its import name), a path, or Megatron-LM's tools added to the
+#: suite (--megatron-lm).
+NEED_KINDS = ("package", "path", "megatron_lm")
+
+
+@dataclass(frozen=True)
+class Need:
+    kind: str
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in NEED_KINDS:
+            raise ValueError(f"{self.name}: a need is one of {NEED_KINDS}, not {self.kind!r}")
+
+    def met(self, megatron_lm: bool = False) -> bool:
+        """Whether this machine has it (``megatron_lm``: the judged run was given Megatron-LM's tools)."""
+        if self.kind == "package":
+            return importlib.util.find_spec(self.name) is not None
+        if self.kind == "path":
+            return Path(self.name).exists()
+        return megatron_lm
+
+    def __str__(self) -> str:
+        return self.name
 
 
 @dataclass(frozen=True)
@@ -39,9 +71,13 @@ class ExpectedFailure:
     message: str
     #: For TARGET_LIMITS: the accelerator capability under which the test cannot pass.
     capability: str | None = None
+    #: For ENVIRONMENT_LIMITS: what the test needs; the entry applies only where the judging machine lacks it.
+    needs: Need | None = None
 
     def __post_init__(self) -> None:
-        if self.capability is None and self.cause not in LISTABLE:
+        if (self.needs is not None) != (self.cause == "environment") or (self.needs and self.capability):
+            raise ValueError(f"{self.pattern}: an environment limit names what it needs, and only that")
+        if self.capability is None and self.needs is None and self.cause not in LISTABLE:
             raise ValueError(f"{self.pattern}: only {LISTABLE} may be expected failures, not {self.cause!r}")
         if self.capability is not None and self.cause != "harness":
             raise ValueError(f"{self.pattern}: a target limit is a harness cause")
@@ -67,6 +103,10 @@ def _cuda(pattern: str, reason: str, failure: tuple[str, str]) -> ExpectedFailur
 
 def _limit(pattern: str, capability: str, reason: str, failure: tuple[str, str]) -> ExpectedFailure:
     return ExpectedFailure(pattern, "harness", reason, *failure, capability)
+
+
+def _needs(pattern: str, needs: Need, reason: str, failure: tuple[str, str]) -> ExpectedFailure:
+    return ExpectedFailure(pattern, "environment", reason, *failure, needs=needs)
 
 
 _TP = "tests/unit_tests/tensor_parallel"
@@ -437,4 +477,89 @@ TARGET_LIMITS: tuple[ExpectedFailure, ...] = (
     _limit(f"{_TP}/test_initialization.py::Test::test_embedding_init", "device_rng_is_host_rng", _HOST_RNG, _NOT_EQUAL),
     _limit(f"{_TP}/test_initialization.py::Test::test_row_init", "device_rng_is_host_rng", _HOST_RNG, _NOT_EQUAL),
     _limit(f"{_TP}/test_initialization.py::Test::test_col_init", "device_rng_is_host_rng", _HOST_RNG, _NOT_EQUAL),
+)
+#: The data set upstream's conftest (ensure_test_data) downloads from Megatron-LM's GitHub release assets; the harness
+#: edits that download out (no network here), so these tests find no tokenizer files.
+_OPT_DATA = Need("path", "/opt/data/tokenizers")
+_OPT_DATA_REASON = "reads a tokenizer from /opt/data/tokenizers, the data set upstream's conftest downloads (GitHub)"
+#: Upstream CI's local copy of GPT-2's vocabulary; without it the fixture downloads it (no network here).
+_GPT2_VOCAB = Need("path", "/home/gitlab-runner/data/gpt3_data/gpt2-vocab.json")
+_GPT2_VOCAB_REASON = (
+    "the gpt2_tiktok_vocab fixture reads upstream CI's local GPT-2 vocabulary, else downloads it from "
+    "s3.amazonaws.com (no network here)"
+)
+_GPT2_VOCAB_DOWNLOAD = (
+    "ConnectionError",
+    r"^HTTPSConnectionPool\(host='s3\.amazonaws\.com', port=443\): Max retries exceeded with url: "
+    r"/models\.huggingface\.co/bert/gpt2-vocab\.json",
+)
+_NO_TOOLS = ("ModuleNotFoundError", r"^No module named 'tools\.(merge_datasets|build_sequences_per_dataset)'$")
+#: Files importing Megatron-LM's tools the shared extract lacks (the run adds them with --megatron-lm).
+_IMPORT_TOOLS = (
+    *(f"{_UT}/data/test_{name}.py" for name in ("bin_reader", "builder", "preprocess_data", "preprocess_mmdata")),
+    f"{_UT}/test_inference.py",
+    f"{_UT}/test_tokenizer.py",
+)
+ENVIRONMENT_LIMITS: tuple[ExpectedFailure, ...] = (
+    *(
+        _needs(
+            path,
+            Need("megatron_lm", "Megatron-LM's tools (--megatron-lm)"),
+            "imports Megatron-LM tools/ modules the shared extract lacks",
+            _NO_TOOLS,
+        )
+        for path in _IMPORT_TOOLS
+    ),
+    _needs(
+        f"{_DC}/test_layer_wise_optimizer.py::*",
+        Need("package", "emerging_optimizers"),
+        "optimizer='dist_muon': megatron.core.optimizer.muon needs Emerging-Optimizers (git-only, environment.py)",
+        ("AssertionError", r"^Emerging Optimizers is not installed\.$"),
+    ),
+    _needs(
+        f"{_UT}/data/test_preprocess_mmdata.py",
+        Need("package", "torchvision"),
+        "imports torchvision at module level (Megatron-LM's multimodal preprocessing)",
+        ("ModuleNotFoundError", r"^No module named 'torchvision'$"),
+    ),
+    _needs(
+        f"{_UT}/data/test_fim_dataset.py::test_fim_gpt_dataset[[]*",
+        _OPT_DATA,
+        _OPT_DATA_REASON,
+        ("ValueError", r"^Unable to instantiate HuggingFace AutoTokenizer for /opt/data/tokenizers/huggingface\. "),
+    ),
+    _needs(
+        f"{_UT}/tokenizers/test_tokenizer.py::test_hf_tokenizer",
+        _OPT_DATA,
+        _OPT_DATA_REASON,
+        ("ValueError", r"^Unable to instantiate HuggingFace AutoTokenizer for /opt/data/tokenizers/huggingface\. "),
+    ),
+    _needs(
+        f"{_UT}/tokenizers/test_tokenizer.py::test_[st][pi]*_tokenizer",  # sentencepiece, tiktoken
+        _OPT_DATA,
+        _OPT_DATA_REASON + ": without the file MegatronTokenizer looks for its metadata beside it",
+        ("AssertionError", r"^Tokenizer metadata file doesn't exist\. "),
+    ),
+    _needs(
+        f"{_UT}/tokenizers/test_tokenizer.py::test_write_metadata",
+        _OPT_DATA,
+        _OPT_DATA_REASON,
+        ("AssertionError", r"^Tokenizer path doesn't exist\. "),
+    ),
+    _needs(
+        f"{_UT}/data/test_preprocess_data.py::test_preprocess_data_gpt",
+        _OPT_DATA,
+        _OPT_DATA_REASON + ": without the vocabulary no worker writes a dataset, and merge_datasets finds none",
+        ("AttributeError", r"^'NoneType' object has no attribute 'finalize'$"),
+    ),
+    _needs(
+        f"{_UT}/test_tokenizer.py::test_gpt2_tiktok_tokenizer", _GPT2_VOCAB, _GPT2_VOCAB_REASON, _GPT2_VOCAB_DOWNLOAD
+    ),
+    _needs(f"{_UT}/test_inference.py::test_*_endpoint", _GPT2_VOCAB, _GPT2_VOCAB_REASON, _GPT2_VOCAB_DOWNLOAD),
+    _needs(
+        f"{_UT}/post_training/test_modelopt_model_builder.py::test_model_provider_switches_to_modelopt_builder",
+        Need("package", "modelopt"),
+        "Megatron-LM's model_provider.py defines modelopt_gpt_mamba_builder only where nvidia-modelopt imports",
+        ("AttributeError", r"^<module 'model_provider' from '.*'> has no attribute 'modelopt_gpt_mamba_builder'$"),
+    ),
 )

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .expected import CAUSES, EXPECTED_FAILURES, TARGET_LIMITS, ExpectedFailure
+from .expected import CAUSES, ENVIRONMENT_LIMITS, EXPECTED_FAILURES, TARGET_LIMITS, ExpectedFailure, Need
 
 # Worst first: a test's outcome is the worst any rank reported.
 SEVERITY = ("hang", "crash", "failed", "error", "xpassed", "passed", "xfailed", "skipped")
@@ -217,10 +217,22 @@ def target_capabilities() -> set[str]:
     }
 
 
+def unmet_needs(megatron_lm: bool = False) -> set[Need]:
+    """The ENVIRONMENT_LIMITS needs this machine lacks (``megatron_lm``: Megatron-LM's tools were given)."""
+    return {entry.needs for entry in ENVIRONMENT_LIMITS if entry.needs and not entry.needs.met(megatron_lm)}
+
+
 def expected_entry(
-    nodeid: str, entries: Iterable[ExpectedFailure] = EXPECTED_FAILURES, capabilities: set[str] = frozenset()
+    nodeid: str,
+    entries: Iterable[ExpectedFailure] = EXPECTED_FAILURES,
+    capabilities: set[str] = frozenset(),
+    unmet: set[Need] = frozenset(),
 ) -> ExpectedFailure | None:
-    for entry in [*entries, *(e for e in TARGET_LIMITS if e.capability in capabilities)]:
+    limits = [
+        *(e for e in TARGET_LIMITS if e.capability in capabilities),
+        *(e for e in ENVIRONMENT_LIMITS if e.needs in unmet),
+    ]
+    for entry in [*entries, *limits]:
         if fnmatch.fnmatchcase(nodeid, entry.pattern):
             return entry
     return None
@@ -239,6 +251,8 @@ def hint(result: TestResult) -> str:
 @dataclass
 class Verdict:
     expected: list[tuple[TestResult, ExpectedFailure]] = field(default_factory=list)
+    #: Failures of tests that need what this machine lacks (ENVIRONMENT_LIMITS), counted apart from the expected.
+    environment: list[tuple[TestResult, ExpectedFailure]] = field(default_factory=list)
     unexpected: list[TestResult] = field(default_factory=list)
     now_passing: list[tuple[TestResult, ExpectedFailure]] = field(default_factory=list)
     #: Listed tests that failed another way than their entry states (counted among the unexpected too).
@@ -251,21 +265,26 @@ class Verdict:
         return not self.unexpected and not self.now_passing and not self.not_run
 
 
-def judge(reports: Iterable[FolderReport], capabilities: set[str] = frozenset()) -> Verdict:
+def judge(
+    reports: Iterable[FolderReport], capabilities: set[str] = frozenset(), unmet: set[Need] = frozenset()
+) -> Verdict:
+    """``unmet``: the needs this machine lacks; an environment limit applies only to those (unmet_needs())."""
     verdict = Verdict()
     for report in reports:
         if missing := report.not_run():
             verdict.not_run[report.folder] = missing
         for result in report.results.values():
-            entry = expected_entry(result.nodeid, capabilities=capabilities)
+            entry = expected_entry(result.nodeid, capabilities=capabilities, unmet=unmet)
             if result.outcome in FAILING:
                 if entry is not None and result.outcome in ("failed", "error") and entry.matches(result):
-                    verdict.expected.append((result, entry))
+                    (verdict.environment if entry.needs else verdict.expected).append((result, entry))
                 else:
                     verdict.unexpected.append(result)
                     if entry is not None:
                         verdict.failed_otherwise.append((result, entry))
-            elif entry is not None and result.outcome == "passed":
+            # A need is one way to pass, not the only one (the GPT-2 vocabulary downloads where there is network):
+            # an environment limit passing without it is not stale.
+            elif entry is not None and entry.needs is None and result.outcome == "passed":
                 verdict.now_passing.append((result, entry))
     return verdict
 
@@ -278,19 +297,22 @@ def _cell(text: str, limit: int = 160) -> str:
 def table(reports: list[FolderReport], verdict: Verdict) -> str:
     lines = [
         "| folder | collected | passed | failed | errors | hangs/crashes | skipped | of which not run (CUDA) "
-        "| deselected | not run | expected failures | time (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| deselected | not run | expected failures | environment limits | time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     expected_ids = {result.nodeid for result, _ in verdict.expected}
+    environment_ids = {result.nodeid for result, _ in verdict.environment}
     for report in reports:
         expected = sum(1 for nodeid in report.results if nodeid in expected_ids)
+        environment = sum(1 for nodeid in report.results if nodeid in environment_ids)
         lines.append(
             f"| {report.folder} | {len(report.collection.collected)} | {report.count('passed', 'xpassed')} "
             f"| {report.count('failed')} | {report.count('error')} | {report.count('hang', 'crash')} "
             f"| {report.count('skipped', 'xfailed')} | {report.device_skips()} | {len(report.collection.deselected)} "
-            f"| {len(report.not_run())} | {expected} | {report.seconds:.0f} |"
+            f"| {len(report.not_run())} | {expected} | {environment} | {report.seconds:.0f} |"
         )
     lines += ["", "Accounting:", ""] + [f"- {report.accounting()}" for report in reports]
+    lines += ["", environment_line(verdict)]
     for folder, missing in verdict.not_run.items():
         lines += ["", f"Not run in {folder} ({len(missing)}, no result after the last restart):", ""]
         lines += [f"- {nodeid}" for nodeid in missing]
@@ -308,10 +330,21 @@ def table(reports: list[FolderReport], verdict: Verdict) -> str:
     for result, entry in verdict.expected:
         cause = CAUSES[entry.cause] + (f" (target: {entry.capability})" if entry.capability else "")
         lines.append(f"| {result.nodeid} | {cause} | {entry.reason} | {_cell(_failure(result), 100)} |")
+    lines += ["", f"Environment limits ({len(verdict.environment)}): expected only where the need is unmet", ""]
+    lines += ["| test | needs | reason | exception: first line |", "|---|---|---|---|"]
+    for result, entry in verdict.environment:
+        lines.append(f"| {result.nodeid} | {entry.needs} | {entry.reason} | {_cell(_failure(result), 100)} |")
     if verdict.now_passing:
         lines += ["", "Listed as expected failures but passing now (remove them from expected.py):", ""]
         lines += [f"- {result.nodeid} ({entry.pattern})" for result, entry in verdict.now_passing]
     return "\n".join(lines) + "\n"
+
+
+def environment_line(verdict: Verdict) -> str:
+    """environment limits: <n> (needs X: k, needs Y: m)"""
+    needs = Counter(str(entry.needs) for _, entry in verdict.environment)
+    counts = ", ".join(f"needs {need}: {n}" for need, n in needs.most_common())
+    return f"environment limits: {len(verdict.environment)}" + (f" ({counts})" if counts else "")
 
 
 def _failure(result: TestResult) -> str:

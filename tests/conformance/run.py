@@ -33,6 +33,7 @@ from .results import (
     read_records,
     table,
     target_capabilities,
+    unmet_needs,
 )
 from .suite import REPO, TAG, WORKDIR, CheckoutError, megatron_lm_files, missing_tools, unpack
 
@@ -266,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"running {folder} ...", flush=True)
         reports.append(run_folder(unpack(added=added), folder, args))
-    verdict = judge(reports, target_capabilities())
+    # Needs are checked on the machine judging: where one is met (a package installed, /opt/data provided) its
+    # environment limits no longer apply and a failure is unexpected.
+    verdict = judge(reports, target_capabilities(), unmet_needs(megatron_lm=bool(args.megatron_lm)))
     text = table(reports, verdict)
     text += f"\nWhole run: {sum(r.seconds for r in reports):.0f} s over {len(reports)} folders\n"
     args.out.mkdir(parents=True, exist_ok=True)

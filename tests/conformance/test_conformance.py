@@ -16,8 +16,8 @@ import tarfile
 import pytest
 
 from .environment import TEST_PACKAGES, missing_line, missing_test_packages, missing_tools_line
-from .expected import EXPECTED_FAILURES, TARGET_LIMITS, ExpectedFailure
-from .results import FolderReport, collection_of, judge, merge, table
+from .expected import ENVIRONMENT_LIMITS, EXPECTED_FAILURES, TARGET_LIMITS, ExpectedFailure, Need
+from .results import FolderReport, collection_of, environment_line, judge, merge, table, unmet_needs
 from .suite import (
     CONFTEST,
     CONFTEST_EDITS,
@@ -99,6 +99,36 @@ def test_a_listed_test_is_expected_only_when_it_fails_the_way_its_entry_states()
         assert [r.nodeid for r in verdict.unexpected] == [nodeid] and not verdict.expected
         assert [r.nodeid for r, _ in verdict.failed_otherwise] == [nodeid]
         assert "failed otherwise" in table([FolderReport("f", merge(_failure(0, nodeid, exception, line)))], verdict)
+
+
+def test_an_environment_limit_applies_only_where_its_need_is_unmet_and_only_to_the_failure_it_states():
+    """dist_checkpointing/test_layer_wise_optimizer.py needs Emerging-Optimizers (git-only): 119 tests fail without it,
+    counted apart; where it is installed they must pass, and a failure there is unexpected."""
+    entry = next(e for e in ENVIRONMENT_LIMITS if "test_layer_wise_optimizer" in e.pattern)
+    nodeid = entry.pattern.replace("*", "TestLayerWiseOptimizer::test_broadcast_params[1-2]")
+    as_listed = FolderReport("f", merge(_failure(0, nodeid, "AssertionError", "Emerging Optimizers is not installed.")))
+    verdict = judge([as_listed], unmet={entry.needs})
+    assert [r.nodeid for r, _ in verdict.environment] == [nodeid] and not verdict.expected and verdict.clean
+    assert environment_line(verdict) == "environment limits: 1 (needs emerging_optimizers: 1)"
+    assert "| environment limits |" in table([as_listed], verdict)
+    installed = judge([as_listed], unmet=set())  # the package is here: the test must pass
+    assert [r.nodeid for r in installed.unexpected] == [nodeid] and not installed.environment
+    otherwise = FolderReport("f", merge(_failure(0, nodeid, "KeyError", "'step'")))
+    verdict = judge([otherwise], unmet={entry.needs})
+    assert [r.nodeid for r, _ in verdict.failed_otherwise] == [nodeid] and not verdict.environment
+
+
+def test_an_environment_limit_names_its_need_and_the_need_is_checked_on_this_machine(tmp_path):
+    assert all(entry.cause == "environment" and entry.needs for entry in ENVIRONMENT_LIMITS)
+    with pytest.raises(ValueError, match="names what it needs"):
+        ExpectedFailure("t", "environment", "a need is named", "KeyError", "step")
+    with pytest.raises(ValueError, match="a need is one of"):
+        Need("network", "s3.amazonaws.com")
+    assert Need("package", "json").met() and not Need("package", "no_such_package_for_conformance").met()
+    assert Need("path", str(tmp_path)).met() and not Need("path", str(tmp_path / "absent")).met()
+    tools = Need("megatron_lm", "Megatron-LM's tools (--megatron-lm)")
+    assert tools.met(megatron_lm=True) and not tools.met()
+    assert tools in unmet_needs() and tools not in unmet_needs(megatron_lm=True)
 
 
 def test_every_collected_test_is_accounted_for_and_a_test_left_unrun_fails_the_verdict():
