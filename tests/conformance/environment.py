@@ -1,5 +1,6 @@
 """The packages megatron-core's suite imports that upstream's test environment installs and this project does not
-depend on: checked before a run, and named in one line when missing (their tests then fail as harness limits)."""
+depend on: checked before a run, and named in one line when missing (their tests then fail: unexpected, but where
+expected.ENVIRONMENT_LIMITS names the package as a need this machine lacks)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def missing_line(missing: dict[str, str]) -> str:
     for name, how in missing.items():
         by_command.setdefault(how, []).append(name)
     parts = [f"{', '.join(names)} ({how})" for how, names in by_command.items()]
-    return "conformance: test packages not installed, their tests will fail as harness limits: " + "; ".join(parts)
+    return "conformance: test packages not installed, their tests will fail (install them): " + "; ".join(parts)
 
 
 def missing_tools_line(missing: list[str], tag: str) -> str:
@@ -55,7 +56,7 @@ def missing_tools_line(missing: list[str], tag: str) -> str:
     if not missing:
         return ""
     return (
-        f"conformance: Megatron-LM files not in the shared extracts, their tests will fail as harness limits: "
+        f"conformance: Megatron-LM files not in the shared extracts, their tests will fail as environment limits: "
         f"{', '.join(missing)} (--megatron-lm PATH or CONFORMANCE_MEGATRON_LM=PATH: a Megatron-LM {tag} "
         f"checkout or git clone)"
     )
