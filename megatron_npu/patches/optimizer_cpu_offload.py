@@ -152,7 +152,7 @@ def place_states(hybrid: Any, accelerator: Accelerator) -> None:
     """Each sub-optimizer's state tensors where it steps (the host sub-optimizers' on the host, the device one's on
     the accelerator's device), mirrored in the hybrid optimizer's own state as megatron-core keeps it."""
     for optimizer in hybrid.sub_optimizers:
-        target = accelerator.device() if optimizer is hybrid.gpu_optimizer else torch.device("cpu")
+        target = accelerator.device() if optimizer is hybrid.gpu_optimizer else HOST
         for param, state in optimizer.state.items():
             orig_param = hybrid.inner_param_to_orig_param.get(param, param)
             for key, value in state.items():

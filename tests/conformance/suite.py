@@ -19,12 +19,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "megatron-lm"
-TARBALL = SHARED / "megatron-lm-core_v0.16.1-unit-tests.tar.gz"
-# The suite imports megatron.training (dist_checkpointing/utils.py): Megatron-LM's checkout of the same
-# tag sits beside it, as in upstream's repository; its megatron/ merges with the wheel's megatron.core.
-TRAINING_TARBALL = SHARED / "megatron-lm-core_v0.16.1-training.tar.gz"
 #: Megatron-LM's tag the extracts are of; files taken from a user's checkout must be this tag's.
 TAG = "core_v0.16.1"
+TARBALL = SHARED / f"megatron-lm-{TAG}-unit-tests.tar.gz"
+# The suite imports megatron.training (dist_checkpointing/utils.py): Megatron-LM's checkout of the same
+# tag sits beside it, as in upstream's repository; its megatron/ merges with the wheel's megatron.core.
+TRAINING_TARBALL = SHARED / f"megatron-lm-{TAG}-training.tar.gz"
 #: Megatron-LM files the suite imports that the training extract lacks (it has tools/preprocess_data.py):
 #: data/test_preprocess_data.py (imported by data/test_bin_reader.py and the top-level test_tokenizer.py) and
 #: data/test_preprocess_mmdata.py import merge_datasets, the latter preprocess_mmdata, data/test_builder.py
